@@ -1,0 +1,49 @@
+"""Which SGLang releases the overlay supports and which adapter serves each one.
+
+Pure metadata lookups: nothing here imports SGLang, so ``status`` can answer even where
+importing SGLang would take seconds or fail.
+"""
+
+from __future__ import annotations
+
+from importlib import metadata
+
+SUPPORTED_RANGE = "0.5.19–0.5.23"
+
+# One adapter module per SGLang API generation (see docs/compatibility.md).
+_ADAPTER_BY_VERSION = {
+    "0.5.19": "sglang_sidecar_overlay.adapters.v0_5_19",
+    "0.5.20": "sglang_sidecar_overlay.adapters.v0_5_19",
+    "0.5.21": "sglang_sidecar_overlay.adapters.v0_5_19",
+    "0.5.22": "sglang_sidecar_overlay.adapters.v0_5_22",
+    "0.5.23": "sglang_sidecar_overlay.adapters.v0_5_22",
+}
+
+SUPPORTED_VERSIONS = tuple(_ADAPTER_BY_VERSION)
+
+
+def release_of(version: str) -> str:
+    """``0.5.21.post1`` and ``0.5.21rc0`` belong to release ``0.5.21``."""
+    parts = version.split(".")
+    if len(parts) < 3:
+        return version
+    # Keep only the leading digits of the patch field ("21rc0" -> "21").
+    digits = ""
+    for ch in parts[2]:
+        if not ch.isdigit():
+            break
+        digits += ch
+    return ".".join([parts[0], parts[1], digits])
+
+
+def adapter_for(version: str) -> str | None:
+    """The adapter module for an SGLang version, or None when it is not supported."""
+    return _ADAPTER_BY_VERSION.get(release_of(version))
+
+
+def installed_sglang_version() -> str | None:
+    """The installed SGLang distribution's version, read without importing SGLang."""
+    try:
+        return metadata.version("sglang")
+    except metadata.PackageNotFoundError:
+        return None
