@@ -1,0 +1,219 @@
+"""Describe a node's KV-event publishers and aggregate them into ``kv_event_sources``.
+
+Pure functions, no SGLang import. ``describe_source`` runs in the scheduler process that
+owns the publisher, right after the PUB (and replay ROUTER) sockets are bound: a relative
+``ipc://`` path is resolved against *that* process's working directory. ``aggregate_sources``
+runs wherever a node's ready messages meet (engine process or DP controller) and rejects
+conflicting entries at startup, so no consumer has to discover them.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import os
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+logger = logging.getLogger("sglang_sidecar_overlay.kv_sources")
+
+__all__ = [
+    "SourceConflictError",
+    "aggregate_sources",
+    "describe_source",
+    "normalize_endpoint",
+]
+
+_TCP = "tcp://"
+_IPC = "ipc://"
+_IPV4_LOOPBACK = "127.0.0.1"
+_IPV6_LOOPBACK = "::1"
+# DNS names and IPv4 literals; anything else (paths, credentials, ZMQ "src;dst") is refused.
+_HOSTNAME = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?$")
+_PORT = re.compile(r"^[0-9]{1,5}$")
+_SOURCE_KEYS = ("dp_rank", "endpoint", "topic", "block_size")
+_OPTIONAL_KEYS = ("replay_endpoint",)
+
+
+class SourceConflictError(ValueError):
+    """Two KV-event sources of one node claim the same rank or the same address."""
+
+
+def normalize_endpoint(endpoint: str | None) -> str | None:
+    """The form of a bound ZMQ endpoint another local process can connect to.
+
+    ``None`` when nothing local can subscribe: no endpoint (connect-style publisher),
+    ``inproc://``, other transports, unparsable or out-of-range TCP addresses.
+    """
+    if endpoint is None:
+        return None
+    if endpoint.startswith(_TCP):
+        return _normalize_tcp(endpoint[len(_TCP) :])
+    if endpoint.startswith(_IPC):
+        return _normalize_ipc(endpoint[len(_IPC) :])
+    return None
+
+
+def _normalize_tcp(address: str) -> str | None:
+    host, sep, port_text = address.rpartition(":")
+    if not sep or not _PORT.match(port_text):
+        return None
+    port = int(port_text)
+    if not 0 < port < 65536:
+        return None
+    host = _advertisable_host(host)
+    if host is None:
+        return None
+    return f"{_TCP}{host}:{port}"
+
+
+def _advertisable_host(host: str) -> str | None:
+    """Wildcards become loopback; IPv6 literals come back bracketed; concrete hosts stay."""
+    if host == "*":
+        return _IPV4_LOOPBACK
+    bracketed = host.startswith("[") and host.endswith("]")
+    literal = host[1:-1] if bracketed else host
+    if ":" in literal:
+        return _advertisable_ipv6(literal)
+    if bracketed or not _HOSTNAME.match(literal):
+        return None
+    if literal == "0.0.0.0":
+        return _IPV4_LOOPBACK
+    return literal
+
+
+def _advertisable_ipv6(literal: str) -> str | None:
+    address, _, zone = literal.partition("%")
+    try:
+        parsed = ipaddress.IPv6Address(address)
+    except ValueError:
+        return None
+    if zone and not _HOSTNAME.match(zone):
+        return None
+    mapped = parsed.ipv4_mapped
+    if parsed.is_unspecified or (mapped is not None and mapped.is_unspecified):
+        return f"[{_IPV6_LOOPBACK}]"
+    return f"[{literal}]"
+
+
+def _normalize_ipc(path: str) -> str | None:
+    # "*" asks ZMQ to pick a temporary path; only the path read back after bind is usable.
+    if not path or path == "*" or "\x00" in path:
+        return None
+    if path.startswith("@"):
+        # Abstract socket names live in a kernel namespace, not the filesystem.
+        return f"{_IPC}{path}"
+    return f"{_IPC}{os.path.abspath(path)}"
+
+
+def describe_source(
+    dp_rank: int,
+    bound_endpoint: str | None,
+    topic: str,
+    block_size: int,
+    replay_endpoint: str | None = None,
+) -> dict | None:
+    """One ``kv_event_sources`` entry for a bound publisher, or None when not subscribable.
+
+    ``bound_endpoint`` and ``replay_endpoint`` are what the sockets report after bind
+    (ZMQ ``LAST_ENDPOINT``); pass ``None`` for a connect-style publisher or no replay socket.
+    ``block_size`` is page_size × dcp_size, the size a router must hash with.
+    """
+    _check_rank(dp_rank)
+    _check_block_size(block_size)
+    if not isinstance(topic, str):
+        raise TypeError(f"topic must be a str, got {topic!r}")
+    endpoint = normalize_endpoint(bound_endpoint)
+    if endpoint is None:
+        logger.debug("KV publisher of rank %d at %r is not advertised", dp_rank, bound_endpoint)
+        return None
+    source: dict[str, Any] = {
+        "dp_rank": dp_rank,
+        "endpoint": endpoint,
+        "topic": topic,
+        "block_size": block_size,
+    }
+    replay = normalize_endpoint(replay_endpoint)
+    if replay is not None:
+        source["replay_endpoint"] = replay
+    elif replay_endpoint is not None:
+        logger.debug("replay endpoint %r of rank %d is not advertised", replay_endpoint, dp_rank)
+    return source
+
+
+def _check_rank(dp_rank: Any) -> None:
+    if isinstance(dp_rank, bool) or not isinstance(dp_rank, int) or dp_rank < 0:
+        raise ValueError(f"dp_rank must be a non-negative int, got {dp_rank!r}")
+
+
+def _check_block_size(block_size: Any) -> None:
+    # A wrong block size makes routers miss silently, so refuse anything but a positive int.
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size <= 0:
+        raise ValueError(
+            f"block_size must be a positive int (page_size x dcp_size), got {block_size!r}"
+        )
+
+
+def aggregate_sources(sources: Iterable[Mapping]) -> list[dict]:
+    """A node's sources: exact duplicates dropped, sorted by ``dp_rank``, conflicts refused.
+
+    Raises ``SourceConflictError`` when two entries share a rank but differ, or when one
+    address (endpoint or replay endpoint) is claimed by two ranks; ``ValueError`` for a
+    malformed entry.
+    """
+    by_rank: dict[int, dict] = {}
+    owner_of_address: dict[str, dict] = {}
+    for raw in sources:
+        source = _checked_source(raw)
+        known = by_rank.get(source["dp_rank"])
+        if known is not None:
+            if known != source:
+                raise SourceConflictError(
+                    f"two KV sources claim dp_rank {source['dp_rank']}: {known!r} and {source!r}"
+                )
+            continue
+        for address in _addresses(source):
+            other = owner_of_address.get(address)
+            if other is not None:
+                raise SourceConflictError(
+                    f"address {address} is claimed by two KV sources: {other!r} and {source!r}"
+                )
+            owner_of_address[address] = source
+        by_rank[source["dp_rank"]] = source
+    return [by_rank[rank] for rank in sorted(by_rank)]
+
+
+def _addresses(source: Mapping) -> list[str]:
+    addresses = [source["endpoint"]]
+    replay = source.get("replay_endpoint")
+    if replay is not None and replay != source["endpoint"]:
+        addresses.append(replay)
+    return addresses
+
+
+def _checked_source(raw: Mapping) -> dict:
+    """A plain-dict copy of one entry, with its shape and endpoints checked."""
+    if not isinstance(raw, Mapping):
+        raise ValueError(f"a KV source must be a mapping, got {raw!r}")
+    missing = [key for key in _SOURCE_KEYS if key not in raw]
+    unknown = [key for key in raw if key not in _SOURCE_KEYS + _OPTIONAL_KEYS]
+    if missing or unknown:
+        raise ValueError(f"KV source {dict(raw)!r}: missing keys {missing}, unknown keys {unknown}")
+    _check_rank(raw["dp_rank"])
+    _check_block_size(raw["block_size"])
+    if not isinstance(raw["topic"], str):
+        raise ValueError(f"KV source {dict(raw)!r}: topic must be a str")
+    source = {key: raw[key] for key in _SOURCE_KEYS}
+    _check_advertisable(raw["endpoint"], raw)
+    if raw.get("replay_endpoint") is not None:
+        _check_advertisable(raw["replay_endpoint"], raw)
+        source["replay_endpoint"] = raw["replay_endpoint"]
+    return source
+
+
+def _check_advertisable(endpoint: Any, raw: Mapping) -> None:
+    # Entries must already be in advertised form: a wildcard or relative path here would
+    # reach consumers unchanged.
+    if not isinstance(endpoint, str) or normalize_endpoint(endpoint) != endpoint:
+        raise ValueError(f"KV source {dict(raw)!r}: {endpoint!r} is not an advertisable endpoint")
