@@ -57,7 +57,7 @@ def normalize_endpoint(endpoint: str | None) -> str | None:
 
 def _normalize_tcp(address: str) -> str | None:
     host, sep, port_text = address.rpartition(":")
-    if not sep or not _PORT.match(port_text):
+    if not sep or not _PORT.fullmatch(port_text):
         return None
     port = int(port_text)
     if not 0 < port < 65536:
@@ -76,7 +76,7 @@ def _advertisable_host(host: str) -> str | None:
     literal = host[1:-1] if bracketed else host
     if ":" in literal:
         return _advertisable_ipv6(literal)
-    if bracketed or not _HOSTNAME.match(literal):
+    if bracketed or not _HOSTNAME.fullmatch(literal):
         return None
     if literal == "0.0.0.0":
         return _IPV4_LOOPBACK
@@ -89,7 +89,7 @@ def _advertisable_ipv6(literal: str) -> str | None:
         parsed = ipaddress.IPv6Address(address)
     except ValueError:
         return None
-    if zone and not _HOSTNAME.match(zone):
+    if zone and not _HOSTNAME.fullmatch(zone):
         return None
     mapped = parsed.ipv4_mapped
     if parsed.is_unspecified or (mapped is not None and mapped.is_unspecified):
@@ -103,7 +103,7 @@ def _normalize_ipc(path: str) -> str | None:
         return None
     if path.startswith("@"):
         # Abstract socket names live in a kernel namespace, not the filesystem.
-        return f"{_IPC}{path}"
+        return f"{_IPC}{path}" if len(path) > 1 else None
     return f"{_IPC}{os.path.abspath(path)}"
 
 
