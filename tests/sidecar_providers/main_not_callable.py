@@ -1,0 +1,3 @@
+"""Its ``main`` is not callable."""
+
+main = 42

@@ -1,0 +1,5 @@
+"""Has no ``main``."""
+
+
+def run(argv: list[str]) -> None:
+    pass
