@@ -26,6 +26,9 @@ def write_report(argv: list[str], suffix: str = "", **extra: object) -> None:
     with open(path + ".tmp", "w") as f:
         json.dump(data, f)
     os.replace(path + ".tmp", path)
+    # One line per start, so restart tests can see every run.
+    with open(path + ".log", "a") as f:
+        f.write(json.dumps(data) + "\n")
 
 
 def no_core_dumps() -> None:

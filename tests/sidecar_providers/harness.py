@@ -1,0 +1,67 @@
+"""Test-side helpers for the sidecar tests: deadline waits, reports, cleanup of what ran."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from sglang_sidecar_overlay import _sidecar_shim as shim
+
+ProcKey = tuple[int, int]
+
+
+def wait_for(predicate: Callable[[], object], timeout: float, interval: float = 0.005) -> bool:
+    """Poll ``predicate`` until it is truthy or ``timeout`` passes; return the last result."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if predicate():
+            return True
+        if time.monotonic() >= deadline:
+            return bool(predicate())
+        time.sleep(interval)
+
+
+def read_report(path: str | Path, timeout: float = 20.0) -> dict:
+    """Wait for a provider's report file and return it."""
+    path = Path(path)
+    assert wait_for(path.exists, timeout), f"no report at {path} within {timeout} s"
+    return json.loads(path.read_text())
+
+
+def read_log(path: str | Path) -> list[dict]:
+    log = Path(str(path) + ".log")
+    if not log.exists():
+        return []
+    return [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+
+
+def proc_key(pid: int) -> ProcKey | None:
+    stat = shim._read_stat(pid)
+    return None if stat is None else (pid, stat[2])
+
+
+def gone(key: ProcKey) -> bool:
+    """True once the process has exited (a zombie nobody reaped counts as exited)."""
+    return not shim.is_running(key)
+
+
+def kill_all(keys: list[ProcKey]) -> None:
+    """Last-resort cleanup for a failed test: SIGKILL every listed process still running."""
+    shim.signal_processes([k for k in keys if not gone(k)], signal.SIGKILL)
+
+
+def tree_of(pid: int) -> list[ProcKey]:
+    key = proc_key(pid)
+    return ([key] if key else []) + shim.descendants(pid)
+
+
+def env_with_paths(*paths: str | os.PathLike) -> dict[str, str]:
+    """os.environ with ``paths`` put first on PYTHONPATH, for helper scripts run in a child."""
+    parts = [str(p) for p in paths]
+    if os.environ.get("PYTHONPATH"):
+        parts.append(os.environ["PYTHONPATH"])
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(parts)}
