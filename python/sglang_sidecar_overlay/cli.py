@@ -1,0 +1,431 @@
+"""``sglang-sidecar-overlay``: the operator's commands ``status``, ``probe`` and ``selftest``.
+
+Human output is one aligned line per check; ``--json`` prints one stable object (see the
+operator guide). Logs go to stderr. Expected failures end with a one-line message and an
+exit code, never a traceback:
+
+- 0: all good (``status``: the overlay would be active);
+- 1: something is wrong (``status``: inactive, with the reasons; ``probe``: a contract
+  error, or a warning under ``--strict``; ``selftest``: a failed check);
+- 2: bad command line (argparse);
+- 3: ``probe`` could not talk to the node (bad address, closed port, timeout, not SGLang).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import logging
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from importlib import metadata
+from typing import Any, TextIO
+
+from sglang_sidecar_overlay import __version__
+
+logger = logging.getLogger("sglang_sidecar_overlay")
+
+PLUGIN_GROUP = "sglang.srt.plugins"
+PLUGIN_NAME = "sidecar_overlay"
+PLUGINS_ENV = "SGLANG_PLUGINS"
+
+EXIT_OK = 0
+EXIT_PROBLEM = 1
+EXIT_UNREACHABLE = 3
+
+_MARKS = {"ok": "✓", "info": "·", "warning": "!", "error": "✗"}
+_ASCII_MARKS = {"ok": "ok", "info": "..", "warning": "WARN", "error": "FAIL"}
+_LABEL_WIDTH_CAP = 40
+
+
+# --- status -------------------------------------------------------------------------------------
+
+
+def plugin_allowed(environ: Mapping[str, str]) -> bool:
+    """Whether SGLang's ``SGLANG_PLUGINS`` allow-list lets the overlay load.
+
+    SGLang treats an unset or empty value as "load every plugin"; otherwise only the
+    comma-separated, whitespace-stripped names listed are loaded.
+    """
+    raw = environ.get(PLUGINS_ENV)
+    if not raw:
+        return True
+    allowed = {name.strip() for name in raw.split(",") if name.strip()}
+    return PLUGIN_NAME in allowed
+
+
+def _entry_point() -> Any | None:
+    for entry in metadata.entry_points(group=PLUGIN_GROUP):
+        if entry.name == PLUGIN_NAME:
+            return entry
+    return None
+
+
+def _module_present(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def _native_status() -> dict:
+    try:
+        from sglang_sidecar_overlay import _native
+    except ImportError as exc:
+        return {"importable": False, "version": None, "build": None, "error": str(exc)}
+    build = dict(_native.build_info()) if hasattr(_native, "build_info") else None
+    version = getattr(_native, "__version__", None)
+    return {"importable": True, "version": version, "build": build, "error": None}
+
+
+def collect_status(environ: Mapping[str, str] | None = None) -> dict:
+    """The ``status --json`` object: what SGLang would do with the overlay on this machine."""
+    from sglang_sidecar_overlay import versions
+    from sglang_sidecar_overlay.metadata import LEGACY_DP_SIZE_ENV, legacy_dp_size_enabled
+
+    env = os.environ if environ is None else environ
+    reasons: list[str] = []
+
+    version = versions.installed_sglang_version()
+    adapter = versions.adapter_for(version) if version else None
+    adapter_present = adapter is not None and _module_present(adapter)
+    if version is None:
+        reasons.append("SGLang is not installed in this Python environment")
+    elif adapter is None:
+        reasons.append(
+            f"SGLang {version} is not supported (supported: {versions.SUPPORTED_RANGE}); "
+            "the plugin logs a warning and installs nothing"
+        )
+    elif not adapter_present:
+        reasons.append(f"adapter module {adapter} is missing from this install")
+
+    entry = _entry_point()
+    if entry is None:
+        reasons.append(
+            f"entry point {PLUGIN_GROUP}:{PLUGIN_NAME} is not visible "
+            "(the wheel is not installed in this environment)"
+        )
+    allowed = plugin_allowed(env)
+    if not allowed:
+        reasons.append(f"{PLUGINS_ENV}={env.get(PLUGINS_ENV)!r} does not list {PLUGIN_NAME}")
+
+    native = _native_status()
+    if not native["importable"]:
+        reasons.append(f"native module does not import: {native['error']}")
+
+    legacy: dict[str, Any] = {"env": LEGACY_DP_SIZE_ENV, "value": env.get(LEGACY_DP_SIZE_ENV)}
+    try:
+        legacy["enabled"] = legacy_dp_size_enabled(env)
+        legacy["error"] = None
+    except ValueError as exc:
+        legacy["enabled"] = False
+        legacy["error"] = str(exc)
+        reasons.append(str(exc))
+
+    return {
+        "active": not reasons,
+        "reasons": reasons,
+        "overlay_version": __version__,
+        "sglang": {
+            "installed": version is not None,
+            "version": version,
+            "supported": adapter is not None,
+            "supported_range": versions.SUPPORTED_RANGE,
+            "supported_versions": list(versions.SUPPORTED_VERSIONS),
+            "adapter": adapter,
+            "adapter_present": adapter_present,
+        },
+        "plugin": {
+            "group": PLUGIN_GROUP,
+            "name": PLUGIN_NAME,
+            "entry_point_visible": entry is not None,
+            "entry_point": None if entry is None else entry.value,
+            "sglang_plugins": env.get(PLUGINS_ENV),
+            "allowed": allowed,
+        },
+        "native": native,
+        "legacy_dp_size": legacy,
+    }
+
+
+def _status_lines(status: Mapping[str, Any]) -> list[tuple[str, str, str]]:
+    sglang = status["sglang"]
+    plugin = status["plugin"]
+    native = status["native"]
+    legacy = status["legacy_dp_size"]
+    lines: list[tuple[str, str, str]] = []
+    if not sglang["installed"]:
+        lines.append(("error", "SGLang", "not installed"))
+    else:
+        level = "ok" if sglang["supported"] else "error"
+        support = "supported" if sglang["supported"] else "NOT supported"
+        lines.append(
+            (level, "SGLang", f"{sglang['version']} ({support}; {sglang['supported_range']})")
+        )
+    if sglang["adapter"]:
+        level = "ok" if sglang["adapter_present"] else "error"
+        lines.append((level, "adapter", sglang["adapter"]))
+    else:
+        lines.append(("info", "adapter", "none applies"))
+    if plugin["entry_point_visible"]:
+        text = f"{plugin['group']}: {plugin['name']} = {plugin['entry_point']}"
+        lines.append(("ok", "plugin entry point", text))
+    else:
+        lines.append(("error", "plugin entry point", f"{plugin['group']}:{plugin['name']} absent"))
+    if plugin["sglang_plugins"]:
+        level = "ok" if plugin["allowed"] else "error"
+        verdict = "lists" if plugin["allowed"] else "excludes"
+        text = f"{plugin['sglang_plugins']!r} {verdict} {plugin['name']}"
+        lines.append((level, PLUGINS_ENV, text))
+    else:
+        lines.append(("ok", PLUGINS_ENV, "unset (every installed plugin loads)"))
+    if native["importable"]:
+        build = native["build"] or {}
+        extra = ", ".join(str(build[key]) for key in ("profile", "target") if build.get(key))
+        lines.append(("ok", "native module", f"{native['version']} ({extra})"))
+    else:
+        lines.append(("error", "native module", native["error"]))
+    if legacy["error"]:
+        lines.append(("error", "legacy dp_size", legacy["error"]))
+    else:
+        state = "on" if legacy["enabled"] else "off"
+        lines.append(("info", "legacy dp_size", f"{state} ({legacy['env']})"))
+    return lines
+
+
+def cmd_status(args: argparse.Namespace, out: TextIO) -> int:
+    status = collect_status()
+    if args.json:
+        _print_json(status, out)
+    else:
+        marks = _marks(out)
+        print(f"sglang-sidecar-overlay {status['overlay_version']}", file=out)
+        _print_lines(_status_lines(status), marks, out)
+        if status["active"]:
+            print("active: SGLang will load the overlay's hooks at startup", file=out)
+        else:
+            for reason in status["reasons"]:
+                print(f"inactive: {reason}", file=out)
+    return EXIT_OK if status["active"] else EXIT_PROBLEM
+
+
+# --- probe --------------------------------------------------------------------------------------
+
+
+def _probe_lines(report: Any) -> list[tuple[str, str, str]]:
+    return [
+        (finding.level, finding.field or finding.check, finding.message)
+        for finding in report.findings
+    ]
+
+
+def _verdict(ok: bool, errors: int, warnings: int) -> str:
+    word = "PASS" if ok else "FAIL"
+    return (
+        f"{word} ({errors} error{'s' * (errors != 1)}, {warnings} warning{'s' * (warnings != 1)})"
+    )
+
+
+def cmd_probe(args: argparse.Namespace, out: TextIO) -> int:
+    from sglang_sidecar_overlay import probe
+
+    report = probe.run_probe(
+        args.target, timeout=args.timeout, listen_seconds=args.listen, strict=args.strict
+    )
+    if args.json:
+        _print_json(report.to_json(), out)
+    elif report.error is not None:
+        print(f"probe: {report.error.message}", file=sys.stderr)
+    else:
+        print(
+            f"probe {args.target}: GetServerInfo answered ({report.server_info_bytes} bytes)",
+            file=out,
+        )
+        _print_lines(_probe_lines(report), _marks(out), out)
+        errors, warnings = report.count(probe.ERROR), report.count(probe.WARNING)
+        strict = " --strict" if args.strict and warnings else ""
+        print(_verdict(report.ok, errors, warnings) + strict, file=out)
+    return report.exit_code()
+
+
+# --- selftest -----------------------------------------------------------------------------------
+
+
+def cmd_selftest(args: argparse.Namespace, out: TextIO) -> int:
+    from sglang_sidecar_overlay import selftest
+
+    report = selftest.run_selftest(listen_timeout=args.timeout)
+    if args.json:
+        _print_json(report.to_json(), out)
+    else:
+        marks = _marks(out)
+        print(
+            "selftest: follower metadata server fed by stand-in publishers "
+            f"(ranks {', '.join(str(rank) for rank in selftest.LOCAL_RANKS)}), no GPU",
+            file=out,
+        )
+        lines = [("ok" if c.ok else "error", c.name, c.detail) for c in report.checks]
+        _print_lines(lines, marks, out)
+        if report.probe is not None and report.probe.error is None:
+            print(f"probe {report.target}:", file=out)
+            _print_lines(_probe_lines(report.probe), marks, out, indent="    ")
+        passed = sum(1 for check in report.checks if check.ok)
+        word = "PASS" if report.ok else "FAIL"
+        print(f"{word} ({passed}/{len(report.checks)} checks passed)", file=out)
+    return EXIT_OK if report.ok else EXIT_PROBLEM
+
+
+# --- output helpers -----------------------------------------------------------------------------
+
+
+def _marks(out: TextIO) -> Mapping[str, str]:
+    """Check marks, or ASCII words when the terminal's encoding cannot show them."""
+    encoding = getattr(out, "encoding", None) or "ascii"
+    try:
+        "".join(_MARKS.values()).encode(encoding)
+    except (UnicodeEncodeError, LookupError):
+        return _ASCII_MARKS
+    return _MARKS
+
+
+def _print_lines(
+    lines: Sequence[tuple[str, str, str]],
+    marks: Mapping[str, str],
+    out: TextIO,
+    indent: str = "  ",
+) -> None:
+    width = min(max((len(label) for _, label, _ in lines), default=0), _LABEL_WIDTH_CAP)
+    mark_width = max(len(mark) for mark in marks.values())
+    for level, label, message in lines:
+        print(f"{indent}{marks[level]:<{mark_width}} {label:<{width}}  {message}", file=out)
+
+
+def _print_json(obj: Any, out: TextIO) -> None:
+    print(json.dumps(obj, indent=2, sort_keys=False, ensure_ascii=False), file=out)
+
+
+# --- argument parsing ---------------------------------------------------------------------------
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be > 0")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be ≥ 0")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="sglang-sidecar-overlay",
+        description="Operator tools for the SGLang sidecar overlay: is it active, does a "
+        "node serve the metadata contract, does this install work.",
+        epilog="Exit codes: 0 ok, 1 problem found, 2 usage error, 3 node not reachable "
+        "(probe). Logs go to stderr.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    parser.add_argument(
+        "-v", "--verbose", action="count", default=0, help="more logging on stderr (-vv: debug)"
+    )
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    status = commands.add_parser(
+        "status",
+        help="is the overlay active for the installed SGLang?",
+        description="Installed SGLang version and support, the adapter that applies, the "
+        "plugin entry point and SGLANG_PLUGINS, the native module, the legacy dp_size "
+        "switch. Exit 0 when SGLang would load the overlay, 1 (with the reasons) when not.",
+    )
+    status.add_argument("--json", action="store_true", help="print one JSON object")
+    status.set_defaults(handler=cmd_status)
+
+    probe = commands.add_parser(
+        "probe",
+        help="check a node's GetServerInfo against the metadata contract",
+        description="Call GetServerInfo on HOST:PORT, check what a KV-aware router relies "
+        "on (one line per problem, naming the field), read grpc.health.v1 when served and, "
+        "with --listen, subscribe to every advertised KV-event source and its replay "
+        "endpoint. Run it on the node: advertised endpoints are node-local. Exit 0 when "
+        "nothing is wrong, 1 on a contract error (or a warning with --strict), 3 when the "
+        "node cannot be reached or is not SGLang.",
+    )
+    probe.add_argument("target", metavar="HOST:PORT", help="the node's native gRPC address")
+    probe.add_argument(
+        "--listen",
+        metavar="SECONDS",
+        type=_non_negative_float,
+        default=None,
+        help="subscribe to every source this long and report events per rank",
+    )
+    probe.add_argument(
+        "--timeout",
+        metavar="S",
+        type=_positive_float,
+        default=5.0,
+        help="deadline for each RPC (default 5)",
+    )
+    probe.add_argument("--strict", action="store_true", help="warnings fail the probe too")
+    probe.add_argument("--json", action="store_true", help="print one JSON object")
+    probe.set_defaults(handler=cmd_probe)
+
+    selftest = commands.add_parser(
+        "selftest",
+        help="prove this install works, no GPU needed",
+        description="Bind two stand-in KV-event publishers like SGLang schedulers do, build "
+        "the node's server info with the core builder, serve it with the native metadata "
+        "server and probe it with --listen while events are published. Exit 0 only if "
+        "every check passed.",
+    )
+    selftest.add_argument(
+        "--timeout",
+        metavar="S",
+        type=_positive_float,
+        default=10.0,
+        help="longest time to wait for events and replay (default 10)",
+    )
+    selftest.add_argument("--json", action="store_true", help="print one JSON object")
+    selftest.set_defaults(handler=cmd_selftest)
+    return parser
+
+
+def _configure_logging(verbosity: int) -> None:
+    level = logging.WARNING if verbosity == 0 else logging.INFO if verbosity == 1 else logging.DEBUG
+    if not logger.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+        logger.addHandler(handler)
+    logger.setLevel(level)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Console-script entry point; returns the exit code."""
+    # grpcio's C core prints to stderr on its own; keep only its errors unless asked.
+    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+    args = build_parser().parse_args(argv)
+    _configure_logging(args.verbose)
+    try:
+        return args.handler(args, sys.stdout)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        # `... | head` closed the pipe; nothing left to say.
+        return EXIT_PROBLEM
+
+
+if __name__ == "__main__":
+    sys.exit(main())

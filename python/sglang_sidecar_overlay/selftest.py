@@ -1,0 +1,454 @@
+"""``selftest``: prove on this machine, without a GPU, that the install serves the contract.
+
+What runs, all inside this process and on loopback:
+
+1. two stand-in KV-event publishers bind a PUB and a replay ROUTER socket each, the way an
+   SGLang scheduler's ``ZmqEventPublisher`` does (wildcard TCP bind, port read back from
+   ``LAST_ENDPOINT``, replay framing of SGLang 0.5.22+);
+2. the core builder (``kv_sources`` + ``metadata``) turns them into the server info of a
+   follower node (node_rank 1 of 2, attention-DP 4, this node owning ranks 2 and 3);
+3. the native metadata server serves that snapshot with grpc.health.v1;
+4. ``probe`` runs against it, listening while the publishers publish, exactly as an
+   operator's ``probe --listen`` would;
+5. health and shutdown are checked: NOT_SERVING when told so, the port released on stop.
+
+Everything is torn down before ``run_selftest`` returns, whatever failed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import logging
+import os
+import queue
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from sglang_sidecar_overlay import probe
+
+logger = logging.getLogger("sglang_sidecar_overlay.selftest")
+
+__all__ = ["Check", "SelftestReport", "StandInPublisher", "run_selftest"]
+
+LOCAL_RANKS = (2, 3)
+TOPIC = "kv-selftest"
+PAGE_SIZE = 16
+DCP_SIZE = 1
+SECRET = "selftest-secret-value"
+_HISTORY_BATCHES = 3
+_END_SEQ = (-1).to_bytes(8, "big", signed=True)
+
+
+@dataclasses.dataclass
+class Check:
+    """One selftest step: its name, whether it passed, and what was seen."""
+
+    name: str
+    ok: bool
+    detail: str
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass
+class SelftestReport:
+    """All steps in order plus the probe report of step 4."""
+
+    checks: list[Check] = dataclasses.field(default_factory=list)
+    probe: probe.ProbeReport | None = None
+    target: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.checks) and all(check.ok for check in self.checks)
+
+    def add(self, name: str, ok: bool, detail: str) -> bool:
+        self.checks.append(Check(name, ok, detail))
+        return ok
+
+    def to_json(self) -> dict:
+        """The stable ``selftest --json`` object (documented in the operator guide)."""
+        return {
+            "ok": self.ok,
+            "target": self.target,
+            "checks": [check.to_json() for check in self.checks],
+            "probe": None if self.probe is None else self.probe.to_json(),
+        }
+
+
+class StandInPublisher:
+    """A KV-event publisher that binds and frames like SGLang's ``ZmqEventPublisher``.
+
+    Sockets are created and bound in the constructing thread (where SGLang reads
+    ``LAST_ENDPOINT``) and used only by the publisher thread afterwards.
+    """
+
+    def __init__(
+        self,
+        context: Any,
+        dp_rank: int,
+        *,
+        endpoint: str = "tcp://*:0",
+        replay_endpoint: str | None = "tcp://*:0",
+        topic: str = TOPIC,
+        stamp_rank: int | None = None,
+    ) -> None:
+        import zmq
+
+        self.dp_rank = dp_rank
+        self.topic = topic
+        # A deliberately wrong stamp lets tests exercise the rank check.
+        self.stamp_rank = dp_rank if stamp_rank is None else stamp_rank
+        self._queue: queue.Queue[list | None] = queue.Queue()
+        self._buffer: list[tuple[int, bytes]] = []
+        self._published = 0
+        self._published_lock = threading.Lock()
+        self._pub = context.socket(zmq.PUB)
+        self._pub.setsockopt(zmq.LINGER, 0)
+        self._replay = None
+        try:
+            self._pub.bind(endpoint)
+            self.bound_endpoint: str = self._pub.getsockopt_string(zmq.LAST_ENDPOINT)
+            self.bound_replay_endpoint: str | None = None
+            if replay_endpoint is not None:
+                self._replay = context.socket(zmq.ROUTER)
+                self._replay.setsockopt(zmq.LINGER, 0)
+                self._replay.bind(replay_endpoint)
+                self.bound_replay_endpoint = self._replay.getsockopt_string(zmq.LAST_ENDPOINT)
+        except BaseException:
+            self._close_sockets()
+            raise
+        self._thread = threading.Thread(
+            target=self._run, name=f"stand-in-publisher-{dp_rank}", daemon=True
+        )
+        self._thread.start()
+
+    @property
+    def published(self) -> int:
+        with self._published_lock:
+            return self._published
+
+    def publish(self, block_hashes: list[int]) -> None:
+        """Queue one batch with a single BlockStored event for ``block_hashes``."""
+        # KVEventBatch is array-like [ts, events, rank]; events are tagged arrays.
+        event = ["BlockStored", block_hashes, None, list(range(PAGE_SIZE)), PAGE_SIZE, None]
+        self._queue.put([time.time(), [event], self.stamp_rank])
+
+    def close(self) -> None:
+        """Stop the thread, then close the sockets it owned."""
+        self._queue.put(None)
+        self._thread.join(timeout=5)
+        self._close_sockets()
+
+    def _close_sockets(self) -> None:
+        self._pub.close(linger=0)
+        if self._replay is not None:
+            self._replay.close(linger=0)
+
+    def _run(self) -> None:
+        import msgspec
+        import zmq
+
+        encoder = msgspec.msgpack.Encoder()
+        topic = self.topic.encode("utf-8")
+        seq = 0
+        while True:
+            if self._replay is not None and self._replay.poll(0):
+                self._serve_replay(topic)
+            try:
+                batch = self._queue.get(timeout=0.01)
+            except queue.Empty:
+                continue
+            if batch is None:
+                return
+            payload = encoder.encode(batch)
+            try:
+                self._pub.send_multipart([topic, seq.to_bytes(8, "big"), payload])
+            except zmq.ZMQError:
+                logger.exception("stand-in publisher %d failed to publish", self.dp_rank)
+                return
+            self._buffer.append((seq, payload))
+            seq += 1
+            with self._published_lock:
+                self._published = seq
+
+    def _serve_replay(self, topic: bytes) -> None:
+        assert self._replay is not None
+        frames = self._replay.recv_multipart()
+        if len(frames) != 3:
+            logger.warning("stand-in publisher %d: bad replay request", self.dp_rank)
+            return
+        identity, _, start = frames
+        start_seq = int.from_bytes(start, "big")
+        for seq, payload in self._buffer:
+            if seq >= start_seq:
+                self._replay.send_multipart([identity, b"", topic, seq.to_bytes(8, "big"), payload])
+        self._replay.send_multipart([identity, b"", b"", _END_SEQ, b""])
+
+
+def _wait_for(condition: Any, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.01)
+    return bool(condition())
+
+
+def node_snapshot(publishers: list[StandInPublisher], *, legacy_dp_size: bool) -> dict:
+    """The server info of the simulated follower, through the core builder."""
+    from sglang_sidecar_overlay.kv_sources import describe_source
+    from sglang_sidecar_overlay.metadata import build_server_info
+
+    block_size = PAGE_SIZE * DCP_SIZE
+    sources = [
+        describe_source(
+            pub.dp_rank, pub.bound_endpoint, pub.topic, block_size, pub.bound_replay_endpoint
+        )
+        for pub in publishers
+    ]
+    first_port = int(publishers[0].bound_endpoint.rsplit(":", 1)[1])
+    kv_events_config = {
+        "publisher": "zmq",
+        "endpoint": "tcp://*:0",
+        "replay_endpoint": "tcp://*:0",
+        "topic": TOPIC,
+    }
+    server_args = {
+        "model_path": "selftest/stand-in",
+        "host": "127.0.0.1",
+        "grpc_port": 0,
+        "nnodes": 2,
+        "node_rank": 1,
+        "dist_init_addr": "127.0.0.1:5000",
+        "tp_size": 4,
+        "dp_size": 1,
+        "attn_dp_size": 4,
+        "page_size": PAGE_SIZE,
+        "dcp_size": DCP_SIZE,
+        "disaggregation_mode": "null",
+        "kv_events_config": json.dumps(kv_events_config),
+        "api_key": SECRET,
+    }
+    scheduler_info = {
+        "status": "ready",
+        "max_total_num_tokens": 65536,
+        "max_req_input_len": 8192,
+        "startup_time": 0.0,
+        "scheduler_pids": [os.getpid()],
+    }
+    # Ephemeral ports are not base + rank; only block_size and dp_size are meaningful here.
+    kv_events = {
+        "publisher": "zmq",
+        "endpoint_host": "*",
+        "endpoint_port_base": first_port - publishers[0].dp_rank,
+        "topic": TOPIC,
+        "block_size": block_size,
+        "dp_size": 4,
+    }
+    launch_command = (
+        "python -m sglang.launch_server --model-path selftest/stand-in --nnodes 2 "
+        f"--node-rank 1 --tp 4 --dp 4 --enable-dp-attention --api-key {SECRET}"
+    )
+    return build_server_info(
+        server_args,
+        scheduler_info,
+        launch_command=launch_command,
+        kv_events=kv_events,
+        kv_event_sources=[source for source in sources if source is not None],
+        legacy_dp_size=legacy_dp_size,
+    )
+
+
+@contextlib.contextmanager
+def _publishers(context: Any) -> Iterator[list[StandInPublisher]]:
+    publishers: list[StandInPublisher] = []
+    try:
+        for rank in LOCAL_RANKS:
+            publishers.append(StandInPublisher(context, rank))
+        yield publishers
+    finally:
+        for pub in publishers:
+            pub.close()
+
+
+@contextlib.contextmanager
+def _feeding(publishers: list[StandInPublisher], interval: float = 0.05) -> Iterator[None]:
+    """Publish one batch per rank every ``interval`` until the block exits."""
+    stop = threading.Event()
+
+    def feed() -> None:
+        block = 1000
+        while not stop.wait(interval):
+            for pub in publishers:
+                pub.publish([block + pub.dp_rank])
+            block += 10
+
+    thread = threading.Thread(target=feed, name="selftest-feeder", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=5)
+
+
+def run_selftest(*, host: str = "127.0.0.1", listen_timeout: float = 10.0) -> SelftestReport:
+    """Run every step; a failed step is recorded and the later ones that need it skipped."""
+    import zmq
+
+    report = SelftestReport()
+    try:
+        from sglang_sidecar_overlay import _native
+    except ImportError as exc:
+        report.add("native module", False, f"cannot import sglang_sidecar_overlay._native: {exc}")
+        return report
+    build = _native.build_info()
+    report.add(
+        "native module",
+        True,
+        f"{_native.__version__} ({build.get('profile')}, {build.get('target')})",
+    )
+    context = zmq.Context()
+    try:
+        with _publishers(context) as publishers:
+            _run_steps(report, _native, publishers, host, listen_timeout)
+    except (OSError, zmq.ZMQError) as exc:
+        report.add("sockets", False, f"could not bind on {host}: {exc}")
+    except Exception as exc:
+        # A selftest reports; the traceback is for -v, not for the operator's screen.
+        logger.debug("selftest step failed", exc_info=True)
+        report.add("unexpected error", False, f"{type(exc).__name__}: {exc}")
+    finally:
+        context.term()
+    return report
+
+
+def _run_steps(
+    report: SelftestReport,
+    native: Any,
+    publishers: list[StandInPublisher],
+    host: str,
+    listen_timeout: float,
+) -> None:
+    from sglang_sidecar_overlay.metadata import legacy_dp_size_enabled, render_server_info
+
+    described = ", ".join(
+        f"rank {pub.dp_rank} {pub.bound_endpoint} (replay {pub.bound_replay_endpoint})"
+        for pub in publishers
+    )
+    report.add("publishers bound", True, described)
+
+    try:
+        legacy = legacy_dp_size_enabled()
+    except ValueError as exc:
+        report.add("server info built", False, str(exc))
+        return
+    info = node_snapshot(publishers, legacy_dp_size=legacy)
+    text = render_server_info(info)
+    advertised = [source["endpoint"] for source in info["kv_event_sources"]]
+    ports_ok = [ep.rsplit(":", 1)[1] for ep in advertised] == [
+        pub.bound_endpoint.rsplit(":", 1)[1] for pub in publishers
+    ]
+    loopback = all(ep.startswith("tcp://127.0.0.1:") for ep in advertised)
+    if not report.add(
+        "server info built",
+        ports_ok and loopback,
+        f"{len(text)} bytes, sources {advertised} (wildcard binds advertised on loopback)",
+    ):
+        return
+    report.add(
+        "secrets redacted",
+        SECRET not in text,
+        "api_key and --api-key hidden" if SECRET not in text else "the API key leaked",
+    )
+
+    # History the probe must get back through replay, published before it subscribes.
+    for pub in publishers:
+        for index in range(_HISTORY_BATCHES):
+            pub.publish([index * 100 + pub.dp_rank])
+    history_ok = _wait_for(
+        lambda: all(pub.published >= _HISTORY_BATCHES for pub in publishers), timeout=5
+    )
+    report.add("history published", history_ok, f"{_HISTORY_BATCHES} batches per rank")
+
+    with native.start_metadata_server(host, 0, text) as server:
+        target = probe.grpc_target(server.host, server.port)
+        report.target = target
+        server.set_serving(True)
+        report.add("metadata server", server.is_alive(), f"serving on {target}")
+        _probe_step(report, publishers, target, info, listen_timeout)
+        server.set_serving(False)
+        health = probe.read_health(target, timeout=5)
+        report.add(
+            "health follows schedulers",
+            health["status"] == "NOT_SERVING",
+            f"after set_serving(False): {health['status']}",
+        )
+        server.shutdown()
+        stopped = _wait_for(lambda: not server.is_alive(), timeout=5)
+        try:
+            probe.fetch_server_info(target, timeout=2)
+            released = False
+            detail = "still answering after shutdown"
+        except probe.ProbeError as exc:
+            released = exc.kind == "unreachable"
+            detail = f"after shutdown: {exc.kind}"
+        report.add("shutdown", stopped and released, detail)
+
+
+def _probe_step(
+    report: SelftestReport,
+    publishers: list[StandInPublisher],
+    target: str,
+    info: dict,
+    listen_timeout: float,
+) -> None:
+    def enough(traffic: list[probe.RankTraffic]) -> bool:
+        return all(
+            item.replay == "complete" and item.batches >= _HISTORY_BATCHES for item in traffic
+        )
+
+    with _feeding(publishers):
+        result = probe.run_probe(target, timeout=5, listen_seconds=listen_timeout, until=enough)
+    report.probe = result
+    if result.error is not None:
+        report.add("probe", False, result.error.message)
+        return
+    errors = [f"{f.field}: {f.message}" for f in result.findings if f.level == probe.ERROR]
+    report.add(
+        "probe",
+        result.ok,
+        "contract holds" if result.ok else "; ".join(errors),
+    )
+    report.add(
+        "served snapshot",
+        result.server_info == info,
+        "GetServerInfo returns the built snapshot"
+        if result.server_info == info
+        else "GetServerInfo differs from the built snapshot",
+    )
+    for item in result.traffic:
+        ok = (
+            item.replay == "complete"
+            and item.replay_batches >= _HISTORY_BATCHES
+            and item.batches >= 1
+            and item.rank_matches is True
+        )
+        report.add(
+            f"events rank {item.dp_rank}",
+            ok,
+            f"{item.batches} live, {item.replay_batches} replayed (replay {item.replay}), "
+            f"highest seq {item.highest_seq}, stamped {sorted(item.stamped_ranks)}",
+        )
+    if len(result.traffic) != len(publishers):
+        report.add(
+            "events",
+            False,
+            f"listened to {len(result.traffic)} sources, expected {len(publishers)}",
+        )
