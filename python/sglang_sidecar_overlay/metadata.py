@@ -245,34 +245,51 @@ def _redact_words(words: list[str]) -> list[str]:
             result.append(REDACTED)
             hide_next = False
             continue
-        hide_next = False
-        if word.startswith("-"):
-            name, eq, _ = word.partition("=")
-            if is_secret_name(name):
-                if eq:
-                    result.append(f"{name}={REDACTED}")
-                else:
-                    result.append(word)
-                    hide_next = True
-                continue
-        result.append(_redact_word(word))
+        hide_next = (
+            word.startswith("-")
+            and "=" not in word
+            and not _has_space(word)
+            and is_secret_name(word)
+        )
+        result.append(word if hide_next else _redact_word(word))
     return result
 
 
+def _is_bare_secret_flag(word: str) -> bool:
+    """``--api-key`` whose value is the next word."""
+    return (
+        word.startswith("-") and "=" not in word and not _has_space(word) and is_secret_name(word)
+    )
+
+
 def _redact_word(word: str) -> str:
-    assignment = _ENV_ASSIGNMENT.match(word)
-    if assignment and is_secret_name(assignment.group(1)):
-        return f"{assignment.group(1)}={REDACTED}"
+    """One argument: ``--flag=value``, ``NAME=value``, JSON, or a quoted nested command."""
+    name, eq, value = word.partition("=")
+    if eq and not _has_space(name) and (word.startswith("-") or _ENV_ASSIGNMENT.match(word)):
+        if is_secret_name(name):
+            return f"{name}={REDACTED}"
+        inner = _redact_word(value)
+        return word if inner == value else f"{name}={inner}"
     if word.startswith("{"):
-        return _redact_json_word(word)
+        redacted_json = _redact_json_word(word)
+        if redacted_json is not None:
+            return redacted_json
+    if _has_space(word):
+        # A quoted argument can carry a whole command line of its own.
+        return redact_launch_command(word)
     return word
 
 
-def _redact_json_word(word: str) -> str:
+def _has_space(text: str) -> bool:
+    return any(char.isspace() for char in text)
+
+
+def _redact_json_word(word: str) -> str | None:
+    """The JSON argument with secret keys hidden; None when the word is not JSON."""
     try:
         parsed = json.loads(word)
     except ValueError:
-        return word
+        return None
     cleaned = redact(parsed)
     return word if cleaned == parsed else json.dumps(cleaned, ensure_ascii=False)
 
