@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import random
 import signal
-import threading
 
 import pytest
 from sglang_sidecar_overlay.sidecar import (
@@ -22,7 +21,7 @@ from sglang_sidecar_overlay.sidecar import (
     build_sidecar_endpoint,
     describe_exit,
 )
-from sidecar_providers.harness import read_report, wait_for
+from sidecar_providers.harness import Supervisors, read_report, wait_for
 
 # -- endpoint ---------------------------------------------------------------------------------
 
@@ -163,35 +162,12 @@ def test_supervisor_rejects_bad_module_name() -> None:
 # -- provider contract (real spawned processes) -----------------------------------------------
 
 
-class Fatal:
-    """An ``on_fatal`` recorder."""
-
-    def __init__(self) -> None:
-        self.calls: list[str] = []
-        self.event = threading.Event()
-
-    def __call__(self, description: str) -> None:
-        self.calls.append(description)
-        self.event.set()
-
-
 @pytest.fixture
-def supervise(request: pytest.FixtureRequest):
-    """Build supervisors that are always stopped at teardown."""
-    made: list[SidecarSupervisor] = []
-
-    def make(module: str, args: list[str], **kw) -> tuple[SidecarSupervisor, Fatal]:
-        fatal = Fatal()
-        options = kw.pop("options", SidecarOptions(shutdown_timeout=5.0))
-        sup = SidecarSupervisor(
-            f"sidecar_providers.{module}", "http://127.0.0.1:30001", args, options, fatal, **kw
-        )
-        made.append(sup)
-        return sup, fatal
-
-    yield make
-    for sup in made:
-        sup.stop()
+def supervise():
+    """Build supervisors that are always stopped (and their trees killed) at teardown."""
+    supervisors = Supervisors()
+    yield supervisors.make
+    supervisors.close()
 
 
 @pytest.mark.parametrize("in_argv", [False, True])

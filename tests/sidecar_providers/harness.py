@@ -5,11 +5,14 @@ from __future__ import annotations
 import json
 import os
 import signal
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from sglang_sidecar_overlay import _sidecar_shim as shim
+from sglang_sidecar_overlay.sidecar import SidecarOptions, SidecarSupervisor
 
 ProcKey = tuple[int, int]
 
@@ -65,3 +68,48 @@ def env_with_paths(*paths: str | os.PathLike) -> dict[str, str]:
     if os.environ.get("PYTHONPATH"):
         parts.append(os.environ["PYTHONPATH"])
     return {**os.environ, "PYTHONPATH": os.pathsep.join(parts)}
+
+
+class Fatal:
+    """An ``on_fatal`` recorder."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+        self.times: list[float] = []
+        self.event = threading.Event()
+
+    def __call__(self, description: str) -> None:
+        self.times.append(time.monotonic())
+        self.calls.append(description)
+        self.event.set()
+
+
+class Supervisors:
+    """Builds supervisors for ``sidecar_providers.<module>``; ``close()`` stops them all and
+    SIGKILLs anything they started that is still running."""
+
+    def __init__(self) -> None:
+        self.made: list[SidecarSupervisor] = []
+        self.extra: list[ProcKey] = []
+
+    def make(
+        self, module: str, args: list[str], options: SidecarOptions | None = None, **kw: Any
+    ) -> tuple[SidecarSupervisor, Fatal]:
+        fatal = Fatal()
+        sup = SidecarSupervisor(
+            f"sidecar_providers.{module}",
+            "http://127.0.0.1:30001",
+            args,
+            options or SidecarOptions(shutdown_timeout=5.0),
+            fatal,
+            **kw,
+        )
+        self.made.append(sup)
+        return sup, fatal
+
+    def close(self) -> None:
+        for sup in self.made:
+            if sup.pid is not None:
+                self.extra.extend(tree_of(sup.pid))
+            sup.stop()
+        kill_all(self.extra)
