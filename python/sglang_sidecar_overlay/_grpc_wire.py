@@ -157,9 +157,13 @@ def encode_get_server_info_request() -> bytes:
     return b""
 
 
-def decode_get_server_info_request(data: bytes) -> None:
-    """Validate (and ignore) a ``GetServerInfoRequest``."""
+def decode_get_server_info_request(data: bytes) -> dict:
+    """Validate a ``GetServerInfoRequest``; its (empty) fields as a dict.
+
+    Not ``None``: grpcio servers read a ``None`` request as a failed deserialization.
+    """
     iter_fields(data)
+    return {}
 
 
 def encode_get_server_info_response(json_info: str) -> bytes:
