@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import enum
 import json
 from pathlib import Path
@@ -295,9 +296,10 @@ def test_non_json_values_are_rendered_as_text():
         blob=b"raw",
         callback=object,
         by_id={1: "x"},
+        started=datetime.datetime(2026, 1, 2, 3, 4, 5),
     )
     info = build_server_info(args, READY)
-    assert info["disaggregation_mode"] == str(Mode.DECODE)
+    assert info["disaggregation_mode"] == "decode"
     assert info["model_path"] == "/models/qwen"
     assert info["lora"] == {"name": "a", "rank": 8}
     assert info["tags"] == ["a", "b"]
@@ -305,6 +307,7 @@ def test_non_json_values_are_rendered_as_text():
     assert info["blob"] == "raw"
     assert info["callback"] == str(object)
     assert info["by_id"] == {"1": "x"}
+    assert info["started"] == "2026-01-02T03:04:05"
     assert json.loads(render_server_info(info)) == info
 
 

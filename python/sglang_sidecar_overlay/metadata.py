@@ -9,7 +9,6 @@ written down in ``server-info.schema.json`` next to this module (``load_schema``
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import math
@@ -176,9 +175,13 @@ def to_jsonable(value: Any) -> Any:
         return sorted((to_jsonable(item) for item in value), key=repr)
     if isinstance(value, bytes):
         return value.decode("utf-8", errors="backslashreplace")
-    if isinstance(value, msgspec.Struct) or dataclasses.is_dataclass(value):
-        return to_jsonable(msgspec.to_builtins(value, builtin_types=(bytes,), str_keys=True))
-    return str(value)
+    # Enums by value, dataclasses and structs as objects, dates as ISO text: the same
+    # conversion upstream applies before json.dumps(default=str).
+    try:
+        converted = msgspec.to_builtins(value, builtin_types=(bytes,), str_keys=True)
+    except TypeError:
+        return str(value)
+    return to_jsonable(converted)
 
 
 def render_server_info(info: Mapping[str, Any]) -> str:
