@@ -256,7 +256,7 @@ class SidecarSupervisor:
         with self._lock:
             if self._proc is None or self._pidfd < 0:
                 return False
-            return not select.select([self._pidfd], [], [], 0)[0]
+            return not _readable(self._pidfd, 0)
 
     def start(self) -> None:
         """Spawn the sidecar from the supervisor thread; raises if the first spawn fails."""
@@ -308,7 +308,10 @@ class SidecarSupervisor:
             self._stopped.wait(self.options.shutdown_timeout + _KILL_GRACE)
             return
         try:
-            if thread is None or me == self._thread_ident():
+            if thread is None:
+                self._close_wake_pipe()  # never started: the thread will not close it
+                return
+            if me == self._thread_ident():
                 return
             deadline = time.monotonic() + self.options.shutdown_timeout
             if self._signal_tree(signal.SIGTERM, "SIGTERM"):
@@ -375,6 +378,8 @@ class SidecarSupervisor:
 
     def _close_wake_pipe(self) -> None:
         with self._lock:
+            if self._wake_r < 0:
+                return
             os.close(self._wake_r)
             os.close(self._wake_w)
             self._wake_r = self._wake_w = -1
@@ -425,7 +430,7 @@ class SidecarSupervisor:
         """Block until the sidecar exits; clean up its group; reap it and return its code."""
         proc = self._proc
         assert proc is not None
-        select.select([self._pidfd], [], [])
+        _readable(self._pidfd, None)
         with self._lock:
             # Still a zombie here, so its group id is ours: sweep anything the shim could not
             # (for instance when the shim itself was SIGKILLed).
@@ -455,7 +460,7 @@ class SidecarSupervisor:
         delay = backoff_delay(recent)
         logger.warning("%s; restarting in %.1f s", description, delay)
         # The wake pipe makes stop() cut the backoff short.
-        if select.select([self._wake_r], [], [], delay)[0]:
+        if _readable(self._wake_r, delay):
             return True  # stopping: no process is left, so the thread ends
         try:
             self._spawn()
@@ -473,6 +478,13 @@ class SidecarSupervisor:
             self.on_fatal(description)
         except Exception:
             logger.exception("sidecar on_fatal callback failed")
+
+
+def _readable(fd: int, timeout: float | None) -> bool:
+    """Wait until ``fd`` is readable (poll, not select: a server may hold more than 1024 fds)."""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(None if timeout is None else max(0, int(timeout * 1000))))
 
 
 def install_sigterm_stop(stop: Callable[[], None]) -> Callable[[], None]:
