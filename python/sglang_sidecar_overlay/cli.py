@@ -102,11 +102,14 @@ def collect_status(environ: Mapping[str, str] | None = None) -> dict:
         reasons.append(f"adapter module {adapter} is missing from this install")
 
     entry = _entry_point()
+    plugin_module = None if entry is None else entry.value.split(":", 1)[0].strip()
     if entry is None:
         reasons.append(
             f"entry point {PLUGIN_GROUP}:{PLUGIN_NAME} is not visible "
             "(the wheel is not installed in this environment)"
         )
+    elif not _module_present(plugin_module):
+        reasons.append(f"entry point target module {plugin_module} is missing")
     allowed = plugin_allowed(env)
     if not allowed:
         reasons.append(f"{PLUGINS_ENV}={env.get(PLUGINS_ENV)!r} does not list {PLUGIN_NAME}")
@@ -142,6 +145,7 @@ def collect_status(environ: Mapping[str, str] | None = None) -> dict:
             "name": PLUGIN_NAME,
             "entry_point_visible": entry is not None,
             "entry_point": None if entry is None else entry.value,
+            "module_present": plugin_module is not None and _module_present(plugin_module),
             "sglang_plugins": env.get(PLUGINS_ENV),
             "allowed": allowed,
         },
