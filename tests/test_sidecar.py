@@ -189,6 +189,18 @@ def test_main_gets_exactly_provider_args_and_endpoint(supervise, tmp_path, in_ar
     assert fatal.calls == []
 
 
+def test_child_imports_nothing_heavy_before_main(supervise, tmp_path) -> None:
+    report = str(tmp_path / "r.json")
+    sup, _ = supervise("serve", ["--report", report])
+    sup.start()
+    # Only the package root (which imports logging) and the stdlib-only shim: no SGLang, no
+    # torch, none of the overlay's heavier modules.
+    assert read_report(report)["modules"] == [
+        "sglang_sidecar_overlay",
+        "sglang_sidecar_overlay._sidecar_shim",
+    ]
+
+
 def test_sidecar_leads_its_own_process_group(supervise, tmp_path) -> None:
     report = str(tmp_path / "r.json")
     sup, _ = supervise("serve", ["--report", report])

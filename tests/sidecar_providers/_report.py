@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import resource
+import sys
 import time
 
 
@@ -21,6 +22,11 @@ def write_report(argv: list[str], suffix: str = "", **extra: object) -> None:
         "ppid": os.getppid(),
         "pgid": os.getpgid(0),
         "time": time.monotonic(),
+        "modules": sorted(
+            m
+            for m in sys.modules
+            if m.split(".")[0] in ("sglang", "sglang_sidecar_overlay", "torch")
+        ),
         **extra,
     }
     with open(path + ".tmp", "w") as f:
