@@ -473,3 +473,7 @@ def test_run_probe_reports_a_connect_style_endpoint(sample: dict) -> None:
     errors = errors_of(report.findings)
     assert "nothing accepts connections" in errors["kv_event_sources[1].endpoint"]
     assert report.exit_code() == 1
+
+
+def test_listen_to_no_source_returns_at_once() -> None:
+    assert probe.listen([], 30) == []

@@ -946,7 +946,8 @@ def listen(
                 poller.register(dealer, zmq.POLLIN)
                 handlers[dealer] = (item, _on_replay)
         deadline = time.monotonic() + max(0.0, seconds)
-        while True:
+        # Nothing to poll: an empty poller returns at once and would spin until the deadline.
+        while handlers:
             remaining = deadline - time.monotonic()
             if remaining <= 0 or (until is not None and until(traffic)):
                 break
