@@ -345,3 +345,24 @@ def test_selftest_passes() -> None:
     human = run_cli("selftest", timeout=120)
     assert human.returncode == 0
     assert human.stdout.splitlines()[-1].startswith("PASS")
+
+
+def test_probe_passes_against_the_native_server() -> None:
+    if not native_available():
+        pytest.skip("the native module is not built into this environment")
+    from sglang_sidecar_overlay import _native
+
+    with live_publishers() as pubs:
+        text = render_server_info(good_info(pubs))
+        with _native.start_metadata_server("127.0.0.1", 0, text) as server:
+            target = f"127.0.0.1:{server.port}"
+            server.set_serving(True)
+            with feeding(pubs):
+                serving = run_cli("probe", target, "--listen", "1", "--json")
+            server.set_serving(False)
+            not_serving = run_cli("probe", target)
+    assert serving.returncode == 0, serving.stdout
+    report = json.loads(serving.stdout)
+    assert report["health"]["status"] == "SERVING"
+    assert all(rank["rank_matches"] for rank in report["listen"]["ranks"])
+    assert not_serving.returncode == 1
