@@ -366,3 +366,14 @@ def test_probe_passes_against_the_native_server() -> None:
     assert report["health"]["status"] == "SERVING"
     assert all(rank["rank_matches"] for rank in report["listen"]["ranks"])
     assert not_serving.returncode == 1
+
+
+def test_console_script_when_installed() -> None:
+    script = Path(sys.executable).parent / "sglang-sidecar-overlay"
+    if not script.exists():
+        pytest.skip("the wheel (and its console script) is not installed in this environment")
+    result = subprocess.run(
+        [str(script), "status", "--json"], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert result.returncode in (0, 1)
+    assert json.loads(result.stdout)["plugin"]["name"] == "sidecar_overlay"

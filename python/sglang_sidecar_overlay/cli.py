@@ -175,7 +175,9 @@ def _status_lines(status: Mapping[str, Any]) -> list[tuple[str, str, str]]:
         lines.append(("info", "adapter", "none applies"))
     if plugin["entry_point_visible"]:
         text = f"{plugin['group']}: {plugin['name']} = {plugin['entry_point']}"
-        lines.append(("ok", "plugin entry point", text))
+        if not plugin["module_present"]:
+            text += " (module missing)"
+        lines.append(("ok" if plugin["module_present"] else "error", "plugin entry point", text))
     else:
         lines.append(("error", "plugin entry point", f"{plugin['group']}:{plugin['name']} absent"))
     if plugin["sglang_plugins"]:
