@@ -1,0 +1,260 @@
+//! The follower metadata server: `SglangService/GetServerInfo` plus `grpc.health.v1.Health`.
+//!
+//! Each server owns a small tokio runtime on one background thread. It binds in the caller's
+//! thread (so bind errors surface at once), answers GetServerInfo with one immutable JSON
+//! snapshot, and stops within `ServerOptions::shutdown_grace` even while clients hold
+//! streams open (health Watch streams never end on their own).
+
+use std::fmt;
+use std::io;
+use std::net::{SocketAddr, TcpListener as StdTcpListener};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use tokio::runtime::{Handle, Runtime};
+use tokio::sync::watch;
+use tonic::transport::Server;
+use tonic::transport::server::TcpIncoming;
+use tonic::{Request, Response, Status};
+use tonic_health::ServingStatus;
+use tonic_health::server::HealthReporter;
+
+use crate::SGLANG_SERVICE;
+use crate::proto::sglang_service_server::{SglangService, SglangServiceServer};
+use crate::proto::{GetServerInfoRequest, GetServerInfoResponse};
+
+/// Health is reported under both the overall ("") and the SGLang service name.
+const HEALTH_SERVICES: [&str; 2] = ["", SGLANG_SERVICE];
+
+#[derive(Debug, Clone)]
+pub struct ServerOptions {
+    pub worker_threads: usize,
+    /// How long in-flight calls may finish after shutdown begins before connections are cut.
+    pub shutdown_grace: Duration,
+}
+
+impl Default for ServerOptions {
+    fn default() -> Self {
+        Self {
+            worker_threads: 2,
+            shutdown_grace: Duration::from_millis(500),
+        }
+    }
+}
+
+#[derive(Debug)]
+pub enum StartError {
+    /// The snapshot is not a JSON object; consumers could not parse it.
+    InvalidJson(String),
+    Bind {
+        addr: SocketAddr,
+        source: io::Error,
+    },
+    Runtime(io::Error),
+}
+
+impl fmt::Display for StartError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::InvalidJson(reason) => {
+                write!(f, "server_info_json is not a JSON object: {reason}")
+            }
+            Self::Bind { addr, source } => {
+                write!(f, "cannot bind metadata server to {addr}: {source}")
+            }
+            Self::Runtime(source) => {
+                write!(f, "cannot start the metadata server runtime: {source}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for StartError {}
+
+/// Rejects anything a consumer's JSON-object parser would reject.
+pub fn validate_snapshot(json: &str) -> Result<(), StartError> {
+    if !json.trim_start().starts_with('{') {
+        return Err(StartError::InvalidJson(
+            "the top-level value must be an object".into(),
+        ));
+    }
+    serde_json::from_str::<serde::de::IgnoredAny>(json)
+        .map(|_| ())
+        .map_err(|err| StartError::InvalidJson(err.to_string()))
+}
+
+struct MetadataService {
+    snapshot: Arc<str>,
+}
+
+#[tonic::async_trait]
+impl SglangService for MetadataService {
+    async fn get_server_info(
+        &self,
+        _request: Request<GetServerInfoRequest>,
+    ) -> Result<Response<GetServerInfoResponse>, Status> {
+        Ok(Response::new(GetServerInfoResponse {
+            json_info: self.snapshot.to_string(),
+        }))
+    }
+}
+
+/// A running metadata server. Dropping it shuts it down.
+pub struct MetadataServer {
+    local_addr: SocketAddr,
+    runtime: Handle,
+    health: HealthReporter,
+    stop: watch::Sender<bool>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl MetadataServer {
+    /// Validates the snapshot, binds `addr` and starts serving before returning.
+    /// Health starts NOT_SERVING; call [`MetadataServer::set_serving`] once the node is ready.
+    pub fn start(
+        addr: SocketAddr,
+        snapshot: String,
+        options: &ServerOptions,
+    ) -> Result<Self, StartError> {
+        validate_snapshot(&snapshot)?;
+        let listener = bind(addr)?;
+        let local_addr = listener
+            .local_addr()
+            .map_err(|source| StartError::Bind { addr, source })?;
+        let runtime = build_runtime(options.worker_threads)?;
+        let (health, health_service) = tonic_health::server::health_reporter();
+        let (stop, stop_rx) = watch::channel(false);
+        let sglang_service = SglangServiceServer::new(MetadataService {
+            snapshot: Arc::from(snapshot),
+        });
+
+        let incoming = {
+            let _guard = runtime.enter();
+            let listener = tokio::net::TcpListener::from_std(listener)
+                .map_err(|source| StartError::Bind { addr, source })?;
+            TcpIncoming::from(listener).with_nodelay(Some(true))
+        };
+        let grace = options.shutdown_grace;
+        let handle = runtime.handle().clone();
+        let initial_health = health.clone();
+        let thread = std::thread::Builder::new()
+            .name("overlay-grpc".into())
+            .spawn(move || {
+                let router = Server::builder()
+                    .add_service(health_service)
+                    .add_service(sglang_service);
+                runtime.block_on(async move {
+                    // tonic-health starts "" as SERVING; flip it before the first accept.
+                    set_status(&initial_health, ServingStatus::NotServing).await;
+                    serve_until_stopped(router, incoming, stop_rx, grace).await;
+                });
+                // Connection tasks still running after the grace period are cut here.
+                runtime.shutdown_timeout(Duration::from_millis(100));
+            })
+            .map_err(StartError::Runtime)?;
+
+        Ok(Self {
+            local_addr,
+            runtime: handle,
+            health,
+            stop,
+            thread: Mutex::new(Some(thread)),
+        })
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    pub fn is_alive(&self) -> bool {
+        self.thread
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner())
+            .as_ref()
+            .is_some_and(|thread| !thread.is_finished())
+    }
+
+    /// Drives grpc.health.v1 for "" and the SGLang service name. No-op after shutdown.
+    pub fn set_serving(&self, serving: bool) {
+        if !self.is_alive() {
+            return;
+        }
+        let status = if serving {
+            ServingStatus::Serving
+        } else {
+            ServingStatus::NotServing
+        };
+        self.runtime.block_on(set_status(&self.health, status));
+    }
+
+    /// Stops serving and waits for the server thread. Idempotent and safe from any thread;
+    /// returns within the shutdown grace period plus a small margin.
+    pub fn shutdown(&self) {
+        let thread = self
+            .thread
+            .lock()
+            .unwrap_or_else(|poison| poison.into_inner())
+            .take();
+        let Some(thread) = thread else { return };
+        if !thread.is_finished() {
+            // Watchers learn the node is going away before their stream is closed.
+            self.runtime
+                .block_on(set_status(&self.health, ServingStatus::NotServing));
+        }
+        self.stop.send_replace(true);
+        let _ = thread.join();
+    }
+}
+
+impl Drop for MetadataServer {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+fn bind(addr: SocketAddr) -> Result<StdTcpListener, StartError> {
+    let listener =
+        StdTcpListener::bind(addr).map_err(|source| StartError::Bind { addr, source })?;
+    listener
+        .set_nonblocking(true)
+        .map_err(|source| StartError::Bind { addr, source })?;
+    Ok(listener)
+}
+
+fn build_runtime(worker_threads: usize) -> Result<Runtime, StartError> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(worker_threads.max(1))
+        .thread_name("overlay-grpc-worker")
+        .enable_io()
+        .enable_time()
+        .build()
+        .map_err(StartError::Runtime)
+}
+
+async fn set_status(health: &HealthReporter, status: ServingStatus) {
+    for service in HEALTH_SERVICES {
+        health.set_service_status(service, status).await;
+    }
+}
+
+async fn serve_until_stopped(
+    router: tonic::transport::server::Router,
+    incoming: TcpIncoming,
+    stop: watch::Receiver<bool>,
+    grace: Duration,
+) {
+    let mut graceful_stop = stop.clone();
+    let serve = router.serve_with_incoming_shutdown(incoming, async move {
+        let _ = graceful_stop.wait_for(|stopped| *stopped).await;
+    });
+    let mut hard_stop = stop;
+    let deadline = async move {
+        let _ = hard_stop.wait_for(|stopped| *stopped).await;
+        tokio::time::sleep(grace).await;
+    };
+    tokio::select! {
+        _ = serve => {}
+        _ = deadline => {}
+    }
+}
