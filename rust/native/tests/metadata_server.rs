@@ -173,12 +173,7 @@ async fn shutdown_is_bounded_while_a_watch_stream_is_open_and_closes_the_port() 
 
     // The stream ends (or errors) instead of hanging, and nothing listens any more.
     let ended = tokio::time::timeout(Duration::from_secs(5), async {
-        loop {
-            match watch.message().await {
-                Ok(Some(_)) => continue,
-                _ => break,
-            }
-        }
+        while let Ok(Some(_)) = watch.message().await {}
     })
     .await;
     assert!(ended.is_ok(), "watch stream still open after shutdown");
