@@ -1,0 +1,60 @@
+# What people type. The README's two set-up commands are `make selftest` and `make test`;
+# .ci/run calls `make test` and nothing else.
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+WHEEL_DIR := dist
+# Releases the SGLang-backed tier runs on; `make test SGLANG_RELEASES=all` runs every supported one.
+SGLANG_RELEASES ?= 0.5.21,0.5.23
+
+.PHONY: venv build-dev wheel install lint rust-check python-lint test test-unit test-registered \
+	selftest benchmark clean
+
+venv: $(PY)
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+	$(PIP) install --quiet "maturin>=1.7,<2"
+
+# Editable install for day-to-day work: the native module is built into python/.
+build-dev: venv
+	$(VENV)/bin/maturin develop --release --extras test
+
+wheel: venv
+	rm -rf $(WHEEL_DIR)
+	$(VENV)/bin/maturin build --release --out $(WHEEL_DIR)
+
+# Tests run against the built wheel, as users get it, not against the source tree.
+install: wheel
+	$(PIP) install --quiet "$$(ls $(WHEEL_DIR)/*.whl)[test]"
+	$(PIP) install --quiet --force-reinstall --no-deps "$$(ls $(WHEEL_DIR)/*.whl)"
+
+rust-check:
+	cargo fmt --check
+	cargo clippy --all-targets --all-features -- -D warnings
+	cargo test
+
+python-lint:
+	$(VENV)/bin/ruff check python tests test-registered scripts
+	$(VENV)/bin/ruff format --check python tests test-registered scripts
+
+lint: rust-check python-lint
+
+test-unit:
+	$(PY) -m pytest tests
+
+test-registered:
+	$(PY) scripts/sglang_envs.py test --releases $(SGLANG_RELEASES) --wheel-dir $(WHEEL_DIR)
+
+test: rust-check install python-lint test-unit test-registered
+
+selftest: install
+	$(VENV)/bin/sglang-sidecar-overlay selftest
+
+benchmark: install
+	$(PY) scripts/bench.py
+
+clean:
+	rm -rf $(WHEEL_DIR) target $(VENV)
