@@ -15,7 +15,11 @@ What the released consumer does with each snapshot:
   rank 1 is outside dp_size 1" unless the legacy ``dp_size`` switch reports the publisher-rank
   count; with the switch it waits for the leader;
 - attention DP as 0.5.19-0.5.21 report it (``dp_size=2``) and ordinary DP: accepted as is;
-- a follower with ``kv_event_sources: []``: refused, so the overlay must never launch it there.
+- a follower with ``kv_event_sources: []``: refused, so the overlay must never launch it there;
+- the metadata server going away while it waits: it exits within its 5 s re-check, so the node
+  must stop the sidecar before its metadata server;
+- the endpoint: 1.6.1 reads only ``--grpc-endpoint`` (or ``DYN_SIDECAR_GRPC_ENDPOINT``), never
+  ``SGLANG_GRPC_ENDPOINT``, and refuses ``--sglang-endpoint`` in argv.
 
 Requires ``ai-dynamo`` and ``ai-dynamo-runtime`` in the environment:
 ``python scripts/dynamo_env.py --python <env>/bin/python``.
@@ -47,7 +51,7 @@ from sglang_sidecar_overlay.sidecar import (
     build_sidecar_endpoint,
 )
 
-register_cpu_ci(est_time=60, suite="base-a-test-cpu")
+register_cpu_ci(est_time=30, suite="base-a-test-cpu")
 
 PROVIDER = "dynamo.sglang.sidecar"
 # No etcd, no NATS: discovery through files in a private directory.
@@ -231,8 +235,11 @@ class TestDynamoFollowerSidecar(CustomTestCase):
             # Wakes at once when the consumer dies; otherwise re-reads the log.
             self.fatal.wait(min(0.1, remaining))
 
-    def wait_for_refusal(self, text: str) -> str:
-        """The consumer exits non-zero on its own and its output contains ``text``."""
+    def wait_for_refusal(self, text: str, *, after_wait: bool = False) -> str:
+        """The consumer exits non-zero on its own and its output contains ``text``.
+
+        Unless ``after_wait``, it must not have reached its wait for the leader first.
+        """
         if not self.fatal.wait(STARTUP_DEADLINE):
             self.fail(
                 f"the consumer is still running after {STARTUP_DEADLINE} s:\n{self.log_text()}"
@@ -240,7 +247,8 @@ class TestDynamoFollowerSidecar(CustomTestCase):
         output = self.log_text()
         self.assertIn(text, output)
         self.assertIn("exited with code", self.fatal_reasons[0])
-        self.assertNotIn(WAITING_FOR_LEADER, output)
+        if not after_wait:
+            self.assertNotIn(WAITING_FOR_LEADER, output)
         return next(line for line in output.splitlines() if text in line)
 
     def assert_waits_for_leader_and_stops(self, supervisor: SidecarSupervisor) -> str:
@@ -291,6 +299,19 @@ class TestDynamoFollowerSidecar(CustomTestCase):
                 self.assertEqual(self.served_info["kv_event_sources"], [])
                 self.start_consumer(endpoint)
                 self.wait_for_refusal(NO_LOCAL_SOURCES)
+
+    def test_consumer_exits_when_metadata_server_goes_away(self) -> None:
+        """It re-reads GetServerInfo while waiting: the server must outlive the sidecar."""
+        server_args = {**COMMON_ARGS, **ATTENTION_DP_0521, "dist_init_addr": self.dist_init_addr}
+        source = describe_source(1, self.bound_endpoint, "", PAGE_SIZE)
+        info = metadata.build_server_info(server_args, {}, kv_event_sources=[source])
+        server = start_metadata_server("127.0.0.1", 0, metadata.render_server_info(info))
+        self.addCleanup(server.shutdown)
+        server.set_serving(True)
+        self.start_consumer(build_sidecar_endpoint(server.host, server.port))
+        self.wait_for_log(WAITING_FOR_LEADER)
+        server.shutdown()
+        self.wait_for_refusal("local SGLang metadata server unavailable", after_wait=True)
 
     def test_endpoint_must_be_passed_as_grpc_endpoint(self) -> None:
         """1.6.1 reads neither SGLANG_GRPC_ENDPOINT nor ``--sglang-endpoint``."""
