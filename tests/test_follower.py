@@ -1,0 +1,136 @@
+"""Follower metadata-server lifecycle with real processes and the native server.
+
+Real child processes stand for a node's schedulers; a real grpcio client reads
+GetServerInfo and grpc.health.v1 from the native server the core starts.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import grpc
+import pytest
+from sglang_sidecar_overlay import _grpc_wire
+from sglang_sidecar_overlay.follower import start_follower_server
+
+SERVING, NOT_SERVING = 1, 2
+
+
+def _sleeper() -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+
+
+@pytest.fixture
+def schedulers() -> Iterator[list[subprocess.Popen]]:
+    procs = [_sleeper(), _sleeper()]
+    try:
+        yield procs
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait(timeout=10)
+
+
+def _health(port: int) -> int | None:
+    """The health status of "" or None when the server does not answer."""
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        check = channel.unary_unary(
+            _grpc_wire.HEALTH_CHECK_PATH,
+            request_serializer=lambda b: b,
+            response_deserializer=lambda b: b,
+        )
+        try:
+            reply = check(_grpc_wire.encode_health_check_request(""), timeout=2.0)
+        except grpc.RpcError:
+            return None
+    return _grpc_wire.decode_health_check_response(reply)
+
+
+def _server_info(port: int) -> dict:
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        call = channel.unary_unary(
+            _grpc_wire.GET_SERVER_INFO_PATH,
+            request_serializer=lambda b: b,
+            response_deserializer=lambda b: b,
+        )
+        reply = call(_grpc_wire.encode_get_server_info_request(), timeout=5.0)
+    return json.loads(_grpc_wire.decode_get_server_info_response(reply))
+
+
+def _wait_for(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def test_snapshot_then_serving_then_not_serving_when_schedulers_exit(schedulers):
+    snapshot = {"node_rank": 1, "kv_event_sources": []}
+    follower = start_follower_server(
+        "127.0.0.1", 0, json.dumps(snapshot), [p.pid for p in schedulers], linger_s=2.0
+    )
+    try:
+        assert _server_info(follower.port) == snapshot
+        assert _health(follower.port) == SERVING
+        schedulers[0].kill()
+        schedulers[0].wait(timeout=10)
+        _wait_for(lambda: _health(follower.port) in (NOT_SERVING, None), 10, "NOT_SERVING")
+        schedulers[1].kill()
+        schedulers[1].wait(timeout=10)
+        _wait_for(lambda: not follower.is_alive(), 10, "server stopped")
+        assert _health(follower.port) is None
+        assert follower.exited_pid == schedulers[0].pid
+    finally:
+        follower.stop()
+
+
+def test_lone_crash_stops_after_linger(schedulers):
+    follower = start_follower_server(
+        "127.0.0.1", 0, "{}", [p.pid for p in schedulers], linger_s=0.5
+    )
+    try:
+        schedulers[1].kill()
+        _wait_for(lambda: not follower.is_alive(), 10, "server stopped after linger")
+    finally:
+        follower.stop()
+
+
+def test_stop_is_idempotent_and_closes_the_port(schedulers):
+    follower = start_follower_server("127.0.0.1", 0, "{}", [schedulers[0].pid])
+    port = follower.port
+    follower.stop()
+    follower.stop()
+    follower.shutdown()
+    assert not follower.is_alive()
+    with socket.socket() as probe:
+        assert probe.connect_ex(("127.0.0.1", port)) != 0
+
+
+def test_bind_failure_names_the_address(schedulers):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(OSError) as excinfo:
+            start_follower_server("127.0.0.1", port, "{}", [schedulers[0].pid])
+    assert f"127.0.0.1:{port}" in str(excinfo.value)
+    assert excinfo.value.errno is not None
+
+
+def test_scheduler_already_gone_never_serves(schedulers):
+    schedulers[0].kill()
+    schedulers[0].wait(timeout=10)
+    follower = start_follower_server("127.0.0.1", 0, "{}", [p.pid for p in schedulers])
+    try:
+        assert not follower.is_alive()
+        assert follower.exited_pid == schedulers[0].pid
+    finally:
+        follower.stop()
