@@ -28,6 +28,7 @@ Requires ``ai-dynamo`` and ``ai-dynamo-runtime`` in the environment:
 import contextlib
 import importlib.util
 import os
+import socket
 import sys
 import tempfile
 import threading
@@ -137,8 +138,9 @@ class TestDynamoFollowerSidecar(CustomTestCase):
         self.bound_endpoint = self.publisher.getsockopt_string(zmq.LAST_ENDPOINT)
 
         # The leader's rendezvous address; nothing listens there, the consumer only resolves it.
-        with contextlib.closing(zmq.Context.instance().socket(zmq.REP)) as probe:
-            rendezvous_port = probe.bind_to_random_port("tcp://127.0.0.1")
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            probe.bind(("127.0.0.1", 0))
+            rendezvous_port = probe.getsockname()[1]
         self.dist_init_addr = f"127.0.0.1:{rendezvous_port}"
 
         env = {
