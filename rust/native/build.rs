@@ -20,7 +20,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         );
     }
     tonic_prost_build::configure()
-        .build_server(true)
+        .build_server(false)
         .build_client(true)
         .compile_protos(&["proto/sglang/runtime/v1/sglang.proto"], &["proto"])?;
     Ok(())

@@ -5,6 +5,7 @@
 
 pub mod address;
 pub mod server;
+pub mod service;
 
 #[cfg(feature = "python")]
 mod python;

@@ -8,7 +8,7 @@
 use std::fmt;
 use std::io;
 use std::net::{SocketAddr, TcpListener as StdTcpListener};
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -16,13 +16,11 @@ use tokio::runtime::{Handle, Runtime};
 use tokio::sync::watch;
 use tonic::transport::Server;
 use tonic::transport::server::TcpIncoming;
-use tonic::{Request, Response, Status};
 use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
 
 use crate::SGLANG_SERVICE;
-use crate::proto::sglang_service_server::{SglangService, SglangServiceServer};
-use crate::proto::{GetServerInfoRequest, GetServerInfoResponse};
+use crate::service::SnapshotService;
 
 /// Health is reported under both the overall ("") and the SGLang service name.
 const HEALTH_SERVICES: [&str; 2] = ["", SGLANG_SERVICE];
@@ -84,22 +82,6 @@ pub fn validate_snapshot(json: &str) -> Result<(), StartError> {
         .map_err(|err| StartError::InvalidJson(err.to_string()))
 }
 
-struct MetadataService {
-    snapshot: Arc<str>,
-}
-
-#[tonic::async_trait]
-impl SglangService for MetadataService {
-    async fn get_server_info(
-        &self,
-        _request: Request<GetServerInfoRequest>,
-    ) -> Result<Response<GetServerInfoResponse>, Status> {
-        Ok(Response::new(GetServerInfoResponse {
-            json_info: self.snapshot.to_string(),
-        }))
-    }
-}
-
 /// A running metadata server. Dropping it shuts it down.
 pub struct MetadataServer {
     local_addr: SocketAddr,
@@ -125,9 +107,7 @@ impl MetadataServer {
         let runtime = build_runtime(options.worker_threads)?;
         let (health, health_service) = tonic_health::server::health_reporter();
         let (stop, stop_rx) = watch::channel(false);
-        let sglang_service = SglangServiceServer::new(MetadataService {
-            snapshot: Arc::from(snapshot),
-        });
+        let sglang_service = SnapshotService::new(snapshot);
 
         let incoming = {
             let _guard = runtime.enter();
@@ -138,6 +118,7 @@ impl MetadataServer {
         let grace = options.shutdown_grace;
         let handle = runtime.handle().clone();
         let initial_health = health.clone();
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
         let thread = std::thread::Builder::new()
             .name("overlay-grpc".into())
             .spawn(move || {
@@ -145,14 +126,17 @@ impl MetadataServer {
                     .add_service(health_service)
                     .add_service(sglang_service);
                 runtime.block_on(async move {
-                    // tonic-health starts "" as SERVING; flip it before the first accept.
+                    // tonic-health starts "" as SERVING; flip it before the first accept, and
+                    // before start() returns so a set_serving(true) cannot be overwritten.
                     set_status(&initial_health, ServingStatus::NotServing).await;
+                    let _ = ready_tx.send(());
                     serve_until_stopped(router, incoming, stop_rx, grace).await;
                 });
                 // Connection tasks still running after the grace period are cut here.
                 runtime.shutdown_timeout(Duration::from_millis(100));
             })
             .map_err(StartError::Runtime)?;
+        let _ = ready_rx.recv();
 
         Ok(Self {
             local_addr,

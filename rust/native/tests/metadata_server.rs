@@ -207,3 +207,23 @@ fn snapshots_that_are_not_json_objects_are_refused() {
         assert!(matches!(err, StartError::InvalidJson(_)), "{bad:?}: {err}");
     }
 }
+
+#[tokio::test]
+async fn serving_set_right_after_start_is_not_lost() {
+    let server = std::sync::Arc::new(start("{}"));
+    let handle = server.clone();
+    tokio::task::spawn_blocking(move || handle.set_serving(true))
+        .await
+        .unwrap();
+    let mut health = HealthClient::new(channel(&server).await);
+    let reply = health
+        .check(HealthCheckRequest {
+            service: String::new(),
+        })
+        .await
+        .unwrap();
+    assert_eq!(reply.into_inner().status, ServingStatus::Serving as i32);
+    tokio::task::spawn_blocking(move || server.shutdown())
+        .await
+        .unwrap();
+}
