@@ -1,0 +1,62 @@
+"""SGLang plugin entry point: ``sglang.srt.plugins`` → ``sidecar_overlay = plugin:load``.
+
+SGLang's ``load_plugins()`` calls ``load`` once per process that runs plugins: the launcher
+or engine process, every scheduler process and, from 0.5.22, the DP controller. ``load``
+reads the installed SGLang version (without importing SGLang), picks the adapter for that
+API generation and registers its hooks with SGLang's ``HookRegistry``; ``load_plugins()``
+applies them right after. An unsupported version gets one warning naming the supported
+range and nothing is installed. Calling ``load`` again in the same process does nothing.
+``SGLANG_PLUGINS`` allow-listing is SGLang's own: a list without ``sidecar_overlay`` means
+``load`` is never called.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import multiprocessing
+import threading
+
+from sglang_sidecar_overlay import versions
+
+logger = logging.getLogger("sglang_sidecar_overlay.plugin")
+
+__all__ = ["installed_adapter", "load"]
+
+_lock = threading.Lock()
+_state: dict[str, object] = {}
+
+
+def installed_adapter() -> str | None:
+    """The adapter module whose hooks this process registered, or None."""
+    adapter = _state.get("adapter")
+    return adapter if isinstance(adapter, str) else None
+
+
+def _is_main_process() -> bool:
+    # Engine-side hooks belong where the engine runs; scheduler children skip them so they
+    # never import the engine or HTTP modules just to patch them.
+    return multiprocessing.parent_process() is None
+
+
+def load() -> None:
+    """Register the hooks of the adapter matching the installed SGLang. Idempotent."""
+    with _lock:
+        if "loaded" in _state:
+            return
+        _state["loaded"] = True
+        version = versions.installed_sglang_version()
+        adapter_name = versions.adapter_for(version) if version else None
+        if adapter_name is None:
+            logger.warning(
+                "sglang-sidecar-overlay supports SGLang %s; found %s, so no hooks are installed",
+                versions.SUPPORTED_RANGE,
+                version or "no SGLang",
+            )
+            return
+        from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+        adapter = importlib.import_module(adapter_name)
+        adapter.register(HookRegistry, HookType, main_process=_is_main_process())
+        _state["adapter"] = adapter_name
+        logger.info("sglang-sidecar-overlay: SGLang %s hooks from %s", version, adapter_name)

@@ -1,0 +1,385 @@
+#!/usr/bin/env python3
+"""Build cached SGLang environments and run ``test-registered/`` inside them.
+
+Runs on the developer's or CI's machine with any Python >= 3.10 and only the standard
+library. Each supported SGLang release gets its own virtualenv under the cache directory
+(``$SGLANG_OVERLAY_CACHE``, default ``~/.cache/sglang-sidecar-overlay``)::
+
+    envs/sglang-<release>-<key>/   key = hash of everything the env was built from
+
+An env holds ``sglang==<release>`` installed with ``--no-deps`` over the release's pinned
+torch/transformers and the few dozen packages SGLang imports at module level (the GPU
+kernels it also declares are left out: nothing here runs a model). The heavy torch wheels
+are shared through one uv package cache, which uv hard-links into every env, so a second
+release with the same torch pin costs seconds and little disk. An env is reused only when
+its ``.complete`` marker exists; a half-built one is wiped and rebuilt.
+
+The project's wheel is (re)installed into each env on every ``test`` run, so cached envs
+never test stale code.
+
+    scripts/sglang_envs.py build --releases 0.5.21,0.5.23
+    scripts/sglang_envs.py test  --releases all --wheel-dir dist [-- extra pytest args]
+    scripts/sglang_envs.py path  0.5.23
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+UV_VERSION = "0.13.9"
+# Bumped whenever the recipe below changes in a way the key would not otherwise see.
+RECIPE_VERSION = 1
+
+# Release -> (torch, transformers). The same pins SGLang's own metadata declares.
+PINS = {
+    "0.5.19": ("2.13.0", "5.12.1"),
+    "0.5.20": ("2.13.0", "5.12.1"),
+    "0.5.21": ("2.13.0", "5.12.1"),
+    "0.5.22": ("2.14.1", "5.19.0"),
+    "0.5.23": ("2.14.1", "5.19.0"),
+}
+DEFAULT_RELEASES = ("0.5.21", "0.5.23")
+
+# Packages SGLang imports at module level on the launch path (engine, scheduler, DP
+# controller, HTTP server, launch_server, sglang.test). Versions come from the release's own
+# Requires-Dist when it names them, so each env matches what a real install would pick.
+IMPORT_TIME_DEPS = (
+    "aiohttp",
+    "anthropic",
+    "blobfile",
+    "compressed-tensors",
+    "datasets",
+    "distro",
+    "easydict",
+    "einops",
+    "fastapi",
+    "gguf",
+    "interegular",
+    "ipython",
+    "msgspec",
+    "numpy",
+    "openai",
+    "orjson",
+    "packaging",
+    "partial-json-parser",
+    "pillow",
+    "prometheus-client",
+    "psutil",
+    "pybase64",
+    "pydantic",
+    "python-multipart",
+    "pyzmq",
+    "requests",
+    "sentencepiece",
+    "setproctitle",
+    "smg-grpc-servicer",
+    "soundfile",
+    "tiktoken",
+    "torch",
+    "torchvision",
+    "tqdm",
+    "transformers",
+    "uvicorn",
+    "uvloop",
+    "watchfiles",
+    "xgrammar",
+    "xxhash",
+    "zstandard",
+)
+# Imported by SGLang but not declared by it (arrive transitively in a full install).
+UNDECLARED_DEPS = ("dill", "jsonschema", "pyyaml", "huggingface-hub")
+# What the tests themselves need next to SGLang and the project's wheel.
+TEST_DEPS = (
+    "pytest>=8",
+    "pytest-timeout>=2.3",
+    "jsonschema>=4.20",
+    "grpcio>=1.60",
+    "grpcio-health-checking>=1.60",
+    "msgspec>=0.18",
+)
+
+
+def log(message: str) -> None:
+    print(f"[sglang-envs] {message}", file=sys.stderr, flush=True)
+
+
+def cache_dir() -> Path:
+    configured = os.environ.get("SGLANG_OVERLAY_CACHE")
+    if configured:
+        return Path(configured).expanduser().resolve()
+    return Path.home() / ".cache" / "sglang-sidecar-overlay"
+
+
+def parse_releases(text: str | None) -> list[str]:
+    raw = text or os.environ.get("SGLANG_OVERLAY_RELEASES") or ",".join(DEFAULT_RELEASES)
+    if raw.strip() == "all":
+        return list(PINS)
+    releases = [item for item in raw.replace(",", " ").split() if item]
+    unknown = [release for release in releases if release not in PINS]
+    if unknown:
+        raise SystemExit(f"unsupported release(s) {unknown}; choose from {list(PINS)} or 'all'")
+    return releases
+
+
+def run(cmd: Sequence[str | os.PathLike], **kwargs) -> subprocess.CompletedProcess:
+    log("$ " + " ".join(str(part) for part in cmd))
+    return subprocess.run([str(part) for part in cmd], check=True, **kwargs)
+
+
+@contextlib.contextmanager
+def locked(path: Path) -> Iterator[None]:
+    """An exclusive lock, so two runs sharing a cache never build the same env at once."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def uv_binary() -> Path:
+    """A pinned uv, bootstrapped once into the cache from PyPI."""
+    tools = cache_dir() / "tools" / f"uv-{UV_VERSION}"
+    uv = tools / "bin" / "uv"
+    with locked(tools.parent / f"uv-{UV_VERSION}.lock"):
+        if not (tools / ".complete").exists():
+            shutil.rmtree(tools, ignore_errors=True)
+            run([sys.executable, "-m", "venv", tools])
+            run([tools / "bin" / "python", "-m", "pip", "install", "-q", f"uv=={UV_VERSION}"])
+            (tools / ".complete").write_text(UV_VERSION)
+    return uv
+
+
+def uv_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["UV_CACHE_DIR"] = str(cache_dir() / "uv")
+    # Hard links share the torch files between envs; uv falls back to copies across devices.
+    env["UV_LINK_MODE"] = "hardlink"
+    env.pop("VIRTUAL_ENV", None)
+    return env
+
+
+def env_key(release: str, python: str) -> str:
+    torch, transformers = PINS[release]
+    recipe = {
+        "recipe": RECIPE_VERSION,
+        "release": release,
+        "python": python,
+        "uv": UV_VERSION,
+        "torch": torch,
+        "transformers": transformers,
+        "deps": IMPORT_TIME_DEPS,
+        "undeclared": UNDECLARED_DEPS,
+        "test": TEST_DEPS,
+    }
+    return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def python_version() -> str:
+    return f"{sys.version_info.major}.{sys.version_info.minor}"
+
+
+def env_path(release: str) -> Path:
+    return cache_dir() / "envs" / f"sglang-{release}-{env_key(release, python_version())}"
+
+
+def _requirement_name(requirement: str) -> str:
+    name = requirement
+    for stop in "<>=!~;[ (":
+        name = name.split(stop, 1)[0]
+    return name.strip().lower().replace("_", "-")
+
+
+def pinned_requirements(env: Path) -> list[str]:
+    """The release's own Requires-Dist lines for the import-time packages, markers kept."""
+    script = "import json, importlib.metadata as m; print(json.dumps(m.requires('sglang') or []))"
+    out = subprocess.run(
+        [str(env / "bin" / "python"), "-c", script],
+        check=True,
+        capture_output=True,
+        text=True,
+        cwd=env,
+    ).stdout
+    wanted = set(IMPORT_TIME_DEPS)
+    chosen = {}
+    for requirement in json.loads(out):
+        if "extra ==" in requirement:
+            continue
+        name = _requirement_name(requirement)
+        if name in wanted:
+            chosen[name] = requirement
+    for name in IMPORT_TIME_DEPS:
+        chosen.setdefault(name, name)
+    return [chosen[name] for name in IMPORT_TIME_DEPS]
+
+
+def build_env(release: str) -> Path:
+    """The cached env for ``release``, built when missing. Returns its directory."""
+    env = env_path(release)
+    torch, transformers = PINS[release]
+    with locked(env.with_name(env.name + ".lock")):
+        if (env / ".complete").exists():
+            log(f"{release}: cached env {env}")
+            return env
+        started = time.monotonic()
+        shutil.rmtree(env, ignore_errors=True)
+        uv = uv_binary()
+        uvenv = uv_env()
+        run([uv, "venv", "-q", "--python", sys.executable, env], env=uvenv)
+        python = env / "bin" / "python"
+        run(
+            [uv, "pip", "install", "-q", "--python", python, "--no-deps", f"sglang=={release}"],
+            env=uvenv,
+        )
+        requirements = pinned_requirements(env)
+        # torch/transformers constrained explicitly, so a loose line elsewhere cannot move them.
+        constraints = env / "constraints.txt"
+        constraints.write_text(f"torch=={torch}\ntransformers=={transformers}\n")
+        run(
+            [
+                uv,
+                "pip",
+                "install",
+                "-q",
+                "--compile-bytecode",
+                "--python",
+                python,
+                "-c",
+                constraints,
+                *requirements,
+                *UNDECLARED_DEPS,
+                *TEST_DEPS,
+            ],
+            env=uvenv,
+        )
+        # The --no-deps install above was not byte-compiled; the first import of SGLang would
+        # otherwise pay for compiling it inside a test's deadline.
+        run([python, "-m", "compileall", "-q", "-j", "0", _site_packages(env) / "sglang"])
+        check_imports(python)
+        (env / ".complete").write_text(json.dumps({"release": release, "torch": torch}))
+        log(f"{release}: built {env} in {time.monotonic() - started:.0f} s")
+    return env
+
+
+def _site_packages(env: Path) -> Path:
+    return env / "lib" / f"python{python_version()}" / "site-packages"
+
+
+IMPORT_CHECK = (
+    "import sglang.srt.entrypoints.engine, sglang.srt.managers.scheduler, "
+    "sglang.srt.managers.data_parallel_controller, sglang.srt.entrypoints.http_server, "
+    "sglang.test.test_utils, sglang.test.ci.ci_register"
+)
+
+
+def check_imports(python: Path) -> None:
+    """Fail the build, not a test, when an import-time dependency is missing."""
+    run([python, "-W", "ignore", "-c", IMPORT_CHECK], cwd=python.parent)
+
+
+def find_wheel(wheel_dir: Path) -> Path:
+    wheels = sorted(wheel_dir.glob("sglang_sidecar_overlay-*.whl"))
+    if len(wheels) != 1:
+        raise SystemExit(f"expected exactly one project wheel in {wheel_dir}, found {wheels}")
+    return wheels[0].resolve()
+
+
+def install_project(env: Path, wheel: Path) -> None:
+    uv = uv_binary()
+    run(
+        [
+            uv,
+            "pip",
+            "install",
+            "-q",
+            "--python",
+            env / "bin" / "python",
+            "--no-deps",
+            "--reinstall",
+            wheel,
+        ],
+        env=uv_env(),
+    )
+
+
+def run_tests(env: Path, release: str, pytest_args: Sequence[str]) -> int:
+    cmd = [
+        env / "bin" / "python",
+        "-m",
+        "pytest",
+        "-c",
+        ROOT / "test-registered" / "pytest.ini",
+        "--rootdir",
+        ROOT / "test-registered",
+        ROOT / "test-registered",
+        *pytest_args,
+    ]
+    log(f"{release}: running test-registered")
+    environ = dict(os.environ)
+    environ.pop("VIRTUAL_ENV", None)
+    # The project is tested as installed: the source tree must not shadow the wheel.
+    environ.pop("PYTHONPATH", None)
+    return subprocess.run([str(part) for part in cmd], env=environ, cwd=ROOT).returncode
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    for name in ("build", "test"):
+        sub = commands.add_parser(name)
+        sub.add_argument(
+            "--releases",
+            help="comma-separated releases or 'all' (default: $SGLANG_OVERLAY_RELEASES, "
+            f"else {','.join(DEFAULT_RELEASES)})",
+        )
+        if name == "test":
+            sub.add_argument("--wheel-dir", type=Path, default=ROOT / "dist")
+            sub.add_argument("pytest_args", nargs="*", help="after --: passed to pytest")
+    path = commands.add_parser("path")
+    path.add_argument("release", choices=list(PINS))
+    args = parser.parse_args(argv)
+
+    if args.command == "path":
+        print(env_path(args.release))
+        return 0
+
+    releases = parse_releases(args.releases)
+    wheel = find_wheel(args.wheel_dir) if args.command == "test" else None
+    timings = {}
+    for release in releases:
+        started = time.monotonic()
+        build_env(release)
+        timings[release] = time.monotonic() - started
+    for release, seconds in timings.items():
+        log(f"{release}: env ready in {seconds:.1f} s")
+    if args.command == "build":
+        return 0
+
+    failed = []
+    for release in releases:
+        env = env_path(release)
+        install_project(env, wheel)
+        if run_tests(env, release, args.pytest_args) != 0:
+            failed.append(release)
+    if failed:
+        log(f"test-registered failed on {', '.join(failed)}")
+        return 1
+    log(f"test-registered passed on {', '.join(releases)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,248 @@
+"""Test-side helpers: node processes, free ports, a tiny model directory, gRPC probes.
+
+Each node runs ``overlay_harness.node`` in its own session, so a test can always take down a
+node with everything it spawned (``killpg``), even when the test fails half-way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+from sglang_sidecar_overlay import _grpc_wire
+
+HARNESS_ROOT = Path(__file__).resolve().parent.parent
+TAG_ENV = "SGLANG_OVERLAY_TEST_NODE_TAG"
+# Importing SGLang takes tens of seconds on a loaded 2-core machine, once per process.
+NODE_READY_DEADLINE = 420.0
+SERVING, NOT_SERVING = 1, 2
+
+TINY_LLAMA = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_attention_heads": 4,
+    "num_hidden_layers": 2,
+    "num_key_value_heads": 4,
+    "vocab_size": 256,
+    "max_position_embeddings": 2048,
+    "rms_norm_eps": 1e-5,
+    "torch_dtype": "float32",
+}
+
+
+def write_tiny_model(directory: Path) -> Path:
+    """A model directory with only a config: no weights are ever read here."""
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "config.json").write_text(json.dumps(TINY_LLAMA))
+    return directory
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def free_port_range(width: int) -> int:
+    """A base port whose next ``width`` ports are free right now."""
+    for _ in range(200):
+        base = free_port()
+        if base + width > 65535:
+            continue
+        socks = []
+        try:
+            for offset in range(width):
+                sock = socket.socket()
+                socks.append(sock)
+                sock.bind(("127.0.0.1", base + offset))
+            return base
+        except OSError:
+            continue
+        finally:
+            for sock in socks:
+                sock.close()
+    raise RuntimeError(f"no {width} consecutive free ports")
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(0.1)
+
+
+def pids_with_tag(tag: str) -> list[int]:
+    """Live processes whose environment carries ``tag`` (a node and all it spawned)."""
+    found = []
+    needle = f"{TAG_ENV}={tag}".encode()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z" and needle in environ.split(b"\0"):
+            found.append(int(entry.name))
+    return found
+
+
+class Node:
+    """One node process; ``ready()`` returns its ready event or raises with its log."""
+
+    def __init__(self, args: list[str], log_dir: Path, name: str):
+        self.tag = uuid.uuid4().hex
+        self.name = name
+        self.log_path = log_dir / f"{name}.log"
+        env = dict(os.environ)
+        env[TAG_ENV] = self.tag
+        env["PYTHONPATH"] = str(HARNESS_ROOT)
+        # SGLang's own allow-list: only this plugin runs in the nodes.
+        env["SGLANG_PLUGINS"] = "sidecar_overlay"
+        self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "overlay_harness.node", *args],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._log,
+            env=env,
+            cwd=HARNESS_ROOT,
+            start_new_session=True,
+        )
+        self.event: dict | None = None
+
+    def log_tail(self, lines: int = 60) -> str:
+        with contextlib.suppress(OSError):
+            text = self.log_path.read_text(errors="replace")
+            return "\n".join(line[:400] for line in text.splitlines()[-lines:])
+        return ""
+
+    def ready(self, timeout: float = NODE_READY_DEADLINE) -> dict:
+        """The node's first event (``ready`` or ``error``)."""
+        if self.event is not None:
+            return self.event
+        selector = selectors.DefaultSelector()
+        selector.register(self.proc.stdout, selectors.EVENT_READ)
+        try:
+            if not selector.select(timeout):
+                raise AssertionError(
+                    f"{self.name}: no ready event within {timeout:.0f} s\n{self.log_tail()}"
+                )
+        finally:
+            selector.close()
+        line = self.proc.stdout.readline()
+        if not line:
+            self.proc.wait(timeout=30)
+            raise AssertionError(
+                f"{self.name} exited {self.proc.returncode} without an event\n{self.log_tail()}"
+            )
+        self.event = json.loads(line)
+        return self.event
+
+    def stop(self, timeout: float = 60.0) -> int | None:
+        """Close stdin (orderly stop), then kill the node's whole session."""
+        with contextlib.suppress(OSError, ValueError):
+            self.proc.stdin.close()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=timeout)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        for pid in pids_with_tag(self.tag):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=30)
+        self._log.close()
+        return self.proc.returncode
+
+
+@contextlib.contextmanager
+def nodes(*arg_lists: list[str]) -> Iterator[list[Node]]:
+    """Start the nodes together (as a cluster would) and always take them down."""
+    with tempfile.TemporaryDirectory(prefix="overlay-nodes-") as log_dir:
+        started: list[Node] = []
+        try:
+            for index, args in enumerate(arg_lists):
+                started.append(Node(args, Path(log_dir), f"node{index}"))
+            yield started
+        except BaseException:
+            for node in started:
+                sys.stderr.write(f"--- {node.name} log (tail) ---\n{node.log_tail(80)}\n")
+            raise
+        finally:
+            for node in started:
+                node.stop()
+
+
+# --- gRPC probes -------------------------------------------------------------------------------
+
+
+def _raw(channel: grpc.Channel, path: str) -> Any:
+    return channel.unary_unary(
+        path, request_serializer=lambda b: b, response_deserializer=lambda b: b
+    )
+
+
+def get_server_info(port: int, host: str = "127.0.0.1") -> dict:
+    with grpc.insecure_channel(f"{host}:{port}") as channel:
+        reply = _raw(channel, _grpc_wire.GET_SERVER_INFO_PATH)(
+            _grpc_wire.encode_get_server_info_request(), timeout=30.0
+        )
+    return json.loads(_grpc_wire.decode_get_server_info_response(reply))
+
+
+def health(port: int, host: str = "127.0.0.1") -> int | None:
+    """grpc.health.v1 status of the whole server, None when nothing answers."""
+    with grpc.insecure_channel(f"{host}:{port}") as channel:
+        try:
+            reply = _raw(channel, _grpc_wire.HEALTH_CHECK_PATH)(
+                _grpc_wire.encode_health_check_request(""), timeout=5.0
+            )
+        except grpc.RpcError:
+            return None
+    return _grpc_wire.decode_health_check_response(reply)
+
+
+class HealthWatch:
+    """A grpc.health.v1 Watch stream, so a NOT_SERVING sent just before close is not missed."""
+
+    def __init__(self, port: int, host: str = "127.0.0.1"):
+        self._channel = grpc.insecure_channel(f"{host}:{port}")
+        watch = self._channel.unary_stream(
+            _grpc_wire.HEALTH_WATCH_PATH,
+            request_serializer=lambda b: b,
+            response_deserializer=lambda b: b,
+        )
+        self._stream = watch(_grpc_wire.encode_health_check_request(""), timeout=120.0)
+
+    def statuses_until(self, wanted: int) -> list[int]:
+        seen = []
+        for reply in self._stream:
+            seen.append(_grpc_wire.decode_health_check_response(reply))
+            if seen[-1] == wanted:
+                return seen
+        return seen
+
+    def close(self) -> None:
+        self._stream.cancel()
+        self._channel.close()

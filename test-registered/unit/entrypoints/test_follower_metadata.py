@@ -1,0 +1,152 @@
+"""Node-local metadata on every node of an engine group, through SGLang's real launch code.
+
+CPU-only. The only stand-in is the model-running part of each scheduler
+(``overlay_harness.standin``): a process SGLang's own launch code spawns (``Engine`` directly
+or through the DP controller), that answers the real ready handshake and owns a real
+``ZmqEventPublisher`` made by SGLang's factory with SGLang's rank selection. Every node runs
+in its own process (``overlay_harness.node``) with this plugin loaded by SGLang's plugin
+framework (``SGLANG_PLUGINS=sidecar_overlay``).
+
+The leader's frontend is not started: the HTTP server's tokenizer manager needs a tokenizer
+and live schedulers to warm up against. The leader is driven through the rest of its real
+path instead: ``Engine._launch_subprocesses`` and the native gRPC server that the HTTP
+lifespan starts (``_start_native_grpc_server_for_runtime`` over ``RuntimeHandle``).
+"""
+
+import json
+import tempfile
+import unittest
+from pathlib import Path
+
+import jsonschema
+from overlay_harness import cluster
+from sglang.test.ci.ci_register import register_cpu_ci
+from sglang.test.test_utils import CustomTestCase
+from sglang_sidecar_overlay import metadata
+
+register_cpu_ci(est_time=600, suite="base-a-test-cpu")
+
+
+class NodeArgs:
+    """Launch arguments of one engine group, per node."""
+
+    def __init__(self, model: Path, nnodes: int, parallel: list[str]):
+        self.model = model
+        self.nnodes = nnodes
+        self.parallel = parallel
+        self.dist_port = cluster.free_port()
+        self.kv_base = cluster.free_port_range(4)
+        self.grpc_ports = [cluster.free_port() for _ in range(nnodes)]
+        self.http_ports = [cluster.free_port() for _ in range(nnodes)]
+
+    def for_node(self, node_rank: int) -> list[str]:
+        kv_events = json.dumps(
+            {"publisher": "zmq", "endpoint": f"tcp://*:{self.kv_base}", "topic": "kv"}
+        )
+        return [
+            "--model-path", str(self.model),
+            "--skip-tokenizer-init",
+            "--device", "cpu",
+            "--host", "127.0.0.1",
+            "--port", str(self.http_ports[node_rank]),
+            "--grpc-port", str(self.grpc_ports[node_rank]),
+            "--nnodes", str(self.nnodes),
+            "--node-rank", str(node_rank),
+            "--dist-init-addr", f"127.0.0.1:{self.dist_port}",
+            "--kv-events-config", kv_events,
+            *self.parallel,
+        ]  # fmt: skip
+
+
+class TestFollowerMetadata(CustomTestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls._tmp = tempfile.TemporaryDirectory(prefix="overlay-model-")
+        cls.model = cluster.write_tiny_model(Path(cls._tmp.name) / "tiny-llama")
+        cls.schema = metadata.load_schema()
+
+    @classmethod
+    def tearDownClass(cls):
+        cls._tmp.cleanup()
+
+    # --- checks shared by every node ---------------------------------------------------------
+
+    def assert_node_info(self, info: dict, group: NodeArgs, node_rank: int, ranks: list[int]):
+        jsonschema.validate(info, self.schema)
+        self.assertEqual(info["node_rank"], node_rank)
+        self.assertEqual(info["nnodes"], group.nnodes)
+        sources = info["kv_event_sources"]
+        self.assertEqual([s["dp_rank"] for s in sources], ranks, sources)
+        for source in sources:
+            # Real rank selection: the publisher of rank r binds base + r, on loopback.
+            expected = f"tcp://127.0.0.1:{group.kv_base + source['dp_rank']}"
+            self.assertEqual(source["endpoint"], expected)
+            self.assertEqual(source["topic"], "kv")
+            self.assertGreater(source["block_size"], 0)
+        self.assertEqual(info["kv_event_rank_space"]["local_ranks"], ranks)
+
+    def assert_follower_lifecycle(self, node: cluster.Node, port: int):
+        """SERVING while the schedulers live; NOT_SERVING then closed once they are gone."""
+        self.assertEqual(cluster.health(port), cluster.SERVING)
+        watch = cluster.HealthWatch(port)
+        try:
+            for pid in node.event["pids"]:
+                cluster.os.kill(pid, cluster.signal.SIGKILL)
+            seen = watch.statuses_until(cluster.NOT_SERVING)
+        finally:
+            watch.close()
+        self.assertEqual(seen[0], cluster.SERVING)
+        self.assertEqual(seen[-1], cluster.NOT_SERVING)
+        cluster.wait_for(lambda: cluster.health(port) is None, 60, "the server to stop")
+
+    def run_group(self, group: NodeArgs, expected_ranks: list[list[int]]):
+        with cluster.nodes(*(group.for_node(r) for r in range(group.nnodes))) as started:
+            events = [node.ready() for node in started]
+            for node, event in zip(started, events, strict=True):
+                self.assertEqual(event["event"], "ready", f"{event}\n{node.log_tail()}")
+            infos = [cluster.get_server_info(port) for port in group.grpc_ports]
+            all_sources = []
+            for rank, info in enumerate(infos):
+                self.assert_node_info(info, group, rank, expected_ranks[rank])
+                all_sources.extend(info["kv_event_sources"])
+            # Across the group: distinct ranks and distinct endpoints.
+            self.assertEqual(len({s["dp_rank"] for s in all_sources}), len(all_sources))
+            self.assertEqual(len({s["endpoint"] for s in all_sources}), len(all_sources))
+            for rank in range(1, group.nnodes):
+                self.assert_follower_lifecycle(started[rank], group.grpc_ports[rank])
+        return infos
+
+    # --- scenarios -----------------------------------------------------------------------------
+
+    def test_single_node_tp2_lists_the_attn_tp_rank0_publisher(self):
+        group = NodeArgs(self.model, 1, ["--tp", "2"])
+        (info,) = self.run_group(group, [[0]])
+        self.assertEqual(info["kv_event_rank_space"]["size"], 1)
+
+    def test_two_nodes_attention_dp2_tp2_each_node_lists_its_own_source(self):
+        group = NodeArgs(self.model, 2, ["--tp", "2", "--dp", "2", "--enable-dp-attention"])
+        infos = self.run_group(group, [[0], [1]])
+        for info in infos:
+            self.assertEqual(info["kv_event_rank_space"]["size"], 2)
+
+    def test_follower_without_publisher_answers_empty_list(self):
+        group = NodeArgs(self.model, 2, ["--tp", "2"])
+        self.run_group(group, [[0], []])
+
+    def test_follower_port_taken_fails_launch_and_leaves_no_scheduler(self):
+        group = NodeArgs(self.model, 2, ["--tp", "2"])
+        with cluster.socket.socket() as taken:
+            taken.bind(("127.0.0.1", group.grpc_ports[1]))
+            taken.listen()
+            with cluster.nodes(group.for_node(1)) as (follower,):
+                event = follower.ready()
+                self.assertEqual(event["event"], "error", follower.log_tail())
+                self.assertIn(f"127.0.0.1:{group.grpc_ports[1]}", event["error"])
+                follower.proc.wait(timeout=120)
+                self.assertNotEqual(follower.proc.returncode, 0)
+                # Only the node process itself may be left (it has exited: none at all).
+                self.assertEqual(cluster.pids_with_tag(follower.tag), [])
+
+
+if __name__ == "__main__":
+    unittest.main()
