@@ -36,44 +36,20 @@ def _standin_scheduler_class(scheduler_cls: type) -> type:
     return type("StandinScheduler", (), namespace)
 
 
-def run_standin_scheduler(
-    server_args: Any,
-    port_args: Any,
-    gpu_id: int,
-    tp_rank: int,
-    pp_rank: int,
-    dp_rank: Any,
-    pipe_writer: Any,
-    *display_ranks: Any,
-) -> None:
+def run_standin_scheduler(*args: Any, **kwargs: Any) -> None:
+    """Same arguments as the installed release's ``run_scheduler_process``."""
     from sglang.srt.managers import scheduler as scheduler_mod
-    from sglang.srt.managers.scheduler_components.kv_events_publisher import (
-        SchedulerKvEventsPublisher,
-    )
-    from sglang.srt.runtime_context import get_observability, get_schedule
-
-    scheduler_mod.load_plugins()
-    dp_rank = scheduler_mod.resolve_spawn_dp_rank(dp_rank)
-    scheduler_mod.publish(
-        server_args,
-        role="scheduler",
-        ranks=scheduler_mod.SpawnRanks(
-            world_rank=scheduler_mod.spawn_world_rank(
-                server_args, tp_rank=tp_rank, pp_rank=pp_rank
-            ),
-            dp_rank=dp_rank,
-            gpu_id=gpu_id,
-        ),
-    )
-    kv_events_publisher = SchedulerKvEventsPublisher(
-        kv_events_config=get_observability().kv_events_config,
-        tree_cache=None,
-        send_metrics_from_scheduler=None,
-        max_running_requests=1,
-        max_total_num_tokens=MAX_TOTAL_NUM_TOKENS,
-        get_stats=lambda: None,
-    )
     from sglang.srt.observability.startup_time import build_scheduler_startup_time
+    from sglang.srt.runtime_context import get_schedule
+
+    bound = inspect.signature(scheduler_mod.run_scheduler_process).bind(*args, **kwargs)
+    ranks = bound.arguments
+    server_args = ranks["server_args"]
+    scheduler_mod.load_plugins()
+    if hasattr(scheduler_mod, "SpawnRanks"):
+        kv_events_publisher = _publisher_0_5_21(scheduler_mod, server_args, ranks)
+    else:
+        kv_events_publisher = _publisher_0_5_19(scheduler_mod, server_args, ranks)
 
     standin = _standin_scheduler_class(scheduler_mod.Scheduler)()
     standin.max_total_num_tokens = MAX_TOTAL_NUM_TOKENS
@@ -83,11 +59,105 @@ def run_standin_scheduler(
     standin.enable_hierarchical_cache = False
     standin.kv_events_publisher = kv_events_publisher
     standin.server_args = server_args
-    standin.tp_rank = tp_rank
-    pipe_writer.send(scheduler_mod.Scheduler.get_init_info(standin))
+    ranks["pipe_writer"].send(scheduler_mod.Scheduler.get_init_info(standin))
 
     parent = multiprocessing.parent_process()
     if parent is not None:
         multiprocessing.connection.wait([parent.sentinel])
     else:  # pragma: no cover - always spawned by SGLang
         time.sleep(3600)
+
+
+def _publisher_0_5_21(scheduler_mod: Any, server_args: Any, ranks: dict) -> Any:
+    """0.5.21+: ranks published with the process; the publisher reads get_parallel()."""
+    from sglang.srt.managers.scheduler_components.kv_events_publisher import (
+        SchedulerKvEventsPublisher,
+    )
+    from sglang.srt.runtime_context import get_observability
+
+    dp_rank = scheduler_mod.resolve_spawn_dp_rank(ranks.get("dp_rank"))
+    scheduler_mod.publish(
+        server_args,
+        role="scheduler",
+        ranks=scheduler_mod.SpawnRanks(
+            world_rank=scheduler_mod.spawn_world_rank(
+                server_args, tp_rank=ranks["tp_rank"], pp_rank=ranks["pp_rank"]
+            ),
+            dp_rank=dp_rank,
+            gpu_id=ranks["gpu_id"],
+        ),
+    )
+    return SchedulerKvEventsPublisher(
+        kv_events_config=get_observability().kv_events_config,
+        tree_cache=None,
+        send_metrics_from_scheduler=None,
+        max_running_requests=1,
+        max_total_num_tokens=MAX_TOTAL_NUM_TOKENS,
+        get_stats=lambda: None,
+    )
+
+
+def _publisher_0_5_19(scheduler_mod: Any, server_args: Any, ranks: dict) -> Any:
+    """0.5.19–0.5.20: the scheduler builds a ParallelState and hands it to the publisher."""
+    from sglang.srt.distributed.parallel_state_wrapper import ParallelState
+    from sglang.srt.layers.dp_attention import compute_dp_attention_world_info
+    from sglang.srt.managers.scheduler_components.kv_events_publisher import (
+        SchedulerKvEventsPublisher,
+    )
+    from sglang.srt.runtime_context import get_observability, get_parallel
+
+    scheduler_mod.publish(server_args, role="scheduler")
+    tp_rank = ranks["tp_rank"]
+    dp_rank = scheduler_mod.configure_scheduler_process(
+        server_args,
+        ranks["gpu_id"],
+        tp_rank,
+        ranks["attn_cp_rank"],
+        ranks["moe_dp_rank"],
+        ranks["moe_ep_rank"],
+        ranks["pp_rank"],
+        ranks.get("dp_rank"),
+    )
+    parallel = get_parallel()
+    # The same placement arithmetic the real Scheduler.__init__ does before any GPU work.
+    attn_tp_rank, attn_tp_size, attn_dp_rank, attn_dp_size = compute_dp_attention_world_info(
+        parallel.enable_dp_attention,
+        tp_rank,
+        parallel.tp_size,
+        parallel.dp_size,
+        parallel.attn_cp_size,
+    )
+    ps = ParallelState(
+        tp_rank=tp_rank,
+        tp_size=parallel.tp_size,
+        pp_rank=ranks["pp_rank"],
+        pp_size=parallel.pp_size,
+        dp_rank=dp_rank,
+        dp_size=parallel.dp_size,
+        attn_tp_rank=attn_tp_rank,
+        attn_tp_size=attn_tp_size,
+        attn_cp_rank=ranks["attn_cp_rank"],
+        attn_cp_size=parallel.attn_cp_size,
+        attn_dcp_rank=tp_rank % parallel.dcp_size,
+        attn_dcp_size=parallel.dcp_size,
+        attn_dp_rank=attn_dp_rank,
+        attn_dp_size=attn_dp_size,
+        moe_ep_rank=ranks["moe_ep_rank"],
+        moe_ep_size=parallel.ep_size,
+        moe_dp_rank=ranks["moe_dp_rank"],
+        moe_dp_size=parallel.moe_dp_size,
+        gpu_id=ranks["gpu_id"],
+    )
+    return SchedulerKvEventsPublisher(
+        kv_events_config=get_observability().kv_events_config,
+        ps=ps,
+        attn_tp_rank=ps.attn_tp_rank,
+        attn_cp_rank=ps.attn_cp_rank,
+        attn_dp_rank=ps.attn_dp_rank,
+        dp_rank=ps.dp_rank,
+        tree_cache=None,
+        send_metrics_from_scheduler=None,
+        max_running_requests=1,
+        max_total_num_tokens=MAX_TOTAL_NUM_TOKENS,
+        get_stats=lambda: None,
+    )

@@ -129,6 +129,15 @@ class TestFollowerMetadata(CustomTestCase):
         for info in infos:
             self.assertEqual(info["kv_event_rank_space"]["size"], 2)
 
+    def test_ordinary_dp2_tp1_through_the_dp_controller(self):
+        # SGLang refuses ordinary DP across nodes ("multi-node data parallel is not supported
+        # unless dp attention"), so the DP-controller path runs on one node: both replicas'
+        # sources must come through the controller (which drops unknown ready keys before
+        # 0.5.22) with distinct ranks and ports.
+        group = NodeArgs(self.model, 1, ["--tp", "1", "--dp", "2"])
+        (info,) = self.run_group(group, [[0, 1]])
+        self.assertEqual(info["kv_event_rank_space"]["size"], 2)
+
     def test_follower_without_publisher_answers_empty_list(self):
         group = NodeArgs(self.model, 2, ["--tp", "2"])
         self.run_group(group, [[0], []])
