@@ -1,0 +1,201 @@
+"""``--sidecar`` in SGLang: the core supervisor in upstream's place, on leader and followers.
+
+Shared by both adapter generations (SGLang 0.5.19–0.5.23 start and stop the sidecar the
+same way). What runs where:
+
+- Leader (engine process, Python HTTP mode): upstream's FastAPI ``lifespan`` calls
+  ``sglang.srt.entrypoints.sidecar.start_sidecar()`` right after the native gRPC server has
+  bound its listener, and on the way out calls ``sidecar.stop()`` *before* shutting gRPC down.
+  ``start_sidecar`` is wrapped (AROUND) to return a :class:`NodeSidecar` over the core
+  :class:`~sglang_sidecar_overlay.sidecar.SidecarSupervisor`, so upstream's start point and stop
+  order are kept as they are.
+- Follower (engine process, ``node_rank >= 1``), opt-in with ``--sidecar-on-followers`` in
+  ``sidecar_args``: :func:`attach_follower_sidecar` starts the sidecar once the follower
+  metadata server is SERVING, pointed at it, and only when the node owns at least one KV
+  publisher. It is stopped *before* that server stops (a consumer that loses its metadata
+  server errors out a few seconds later, which is noise during an orderly shutdown).
+- ``SGLANG_RUST_SERVER`` mode is left to upstream: there 0.5.23's ``rust_server_sidecar``
+  owns the sidecar (and ``start_sidecar`` is called through to the original).
+
+An unexpected sidecar exit (with the default ``never`` restart policy, or once the restart
+budget is spent) brings the node down the way upstream's watchdog does: SIGQUIT to the
+engine process, whose SGLang handler kills the whole process tree.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import time
+from typing import Any
+
+from sglang_sidecar_overlay import versions
+from sglang_sidecar_overlay.sidecar import SidecarOptions, SidecarSupervisor, build_sidecar_endpoint
+
+logger = logging.getLogger("sglang_sidecar_overlay.adapters.sidecar")
+
+START_SIDECAR = "sglang.srt.entrypoints.sidecar.start_sidecar"
+
+# Releases whose upstream sidecar passed ``--sglang-endpoint <endpoint>`` in the provider's
+# argv. 0.5.19–0.5.23 all hand the endpoint over only in SGLANG_GRPC_ENDPOINT.
+_ENDPOINT_IN_ARGV_RELEASES: frozenset[str] = frozenset()
+
+
+def sidecar_config() -> tuple[str | None, list[str]]:
+    """``(--sidecar module or None, --sidecar-args list)`` from SGLang's serving config."""
+    from sglang.srt.runtime_context import get_serving
+
+    cfg = get_serving()
+    module = getattr(cfg, "sidecar", None)
+    raw = getattr(cfg, "sidecar_args", None)
+    if isinstance(raw, str):
+        raw = json.loads(raw)
+    return (module.strip() if module else None), [str(arg) for arg in raw or []]
+
+
+def endpoint_in_argv() -> bool:
+    """Whether the installed release's contract also puts the endpoint in argv."""
+    return versions.installed_sglang_version() in _ENDPOINT_IN_ARGV_RELEASES
+
+
+def quit_server(description: str) -> None:
+    """``on_fatal``: what upstream's SubprocessWatchdog does when a child crashes."""
+    logger.error("sidecar %s; triggering SIGQUIT to bring the server down", description)
+    os.kill(os.getpid(), signal.SIGQUIT)
+
+
+class NodeSidecar:
+    """One supervised sidecar of this node, with the ``stop()`` upstream's lifespan calls."""
+
+    def __init__(self, supervisor: SidecarSupervisor, role: str) -> None:
+        self.supervisor = supervisor
+        self.role = role
+        self.started_at: float | None = None
+        self.stopped_at: float | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self.supervisor.pid
+
+    def start(self) -> None:
+        began = time.monotonic()
+        self.supervisor.start()
+        self.started_at = time.monotonic()
+        logger.info(
+            "%s sidecar %s started pid=%s endpoint=%s in %.1f ms",
+            self.role,
+            self.supervisor.module,
+            self.supervisor.pid,
+            self.supervisor.endpoint,
+            (self.started_at - began) * 1000,
+        )
+
+    def stop(self) -> None:
+        """Stop the sidecar (bounded by the shutdown timeout + 1 s). Idempotent."""
+        if self.stopped_at is not None:
+            return
+        began = time.monotonic()
+        pid = self.supervisor.pid
+        try:
+            self.supervisor.stop()
+        finally:
+            self.stopped_at = time.monotonic()
+            logger.info(
+                "%s sidecar %s pid=%s stopped in %.1f ms",
+                self.role,
+                self.supervisor.module,
+                pid,
+                (self.stopped_at - began) * 1000,
+            )
+
+
+def _node_sidecar(module: str, args: list[str], host: str, port: int, role: str) -> NodeSidecar:
+    options, provider_args = SidecarOptions.from_args(args)
+    supervisor = SidecarSupervisor(
+        module,
+        build_sidecar_endpoint(host, port),
+        provider_args,
+        options,
+        on_fatal=quit_server,
+        endpoint_in_argv=endpoint_in_argv(),
+    )
+    return NodeSidecar(supervisor, role)
+
+
+def start_leader_sidecar() -> NodeSidecar:
+    """The leader's sidecar against ``--host``/``--grpc-port`` (the listener is bound)."""
+    from sglang.srt.runtime_context import get_serving
+
+    module, args = sidecar_config()
+    if module is None:
+        raise ValueError("start_sidecar called without --sidecar")
+    cfg = get_serving()
+    sidecar = _node_sidecar(module, args, str(cfg.host or ""), int(cfg.grpc_port), "leader")
+    sidecar.start()
+    return sidecar
+
+
+def around_start_sidecar(original: Any, *args: Any, **kwargs: Any) -> Any:
+    from sglang_sidecar_overlay.adapters import _common
+
+    if _common.rust_server_enabled():
+        return original(*args, **kwargs)
+    return start_leader_sidecar()
+
+
+def attach_follower_sidecar(server: Any, sources: list) -> NodeSidecar | None:
+    """Start the opt-in follower sidecar against ``server`` and stop it before ``server``.
+
+    ``server`` is a SERVING :class:`~sglang_sidecar_overlay.follower.FollowerMetadataServer`;
+    ``sources`` is the node's ``kv_event_sources``. Returns None when no sidecar belongs here.
+    If the sidecar cannot start, the server is stopped and the error raised (the caller
+    reaps the node's schedulers, as for a bind failure).
+    """
+    module, args = sidecar_config()
+    if module is None:
+        return None
+    options, _ = SidecarOptions.from_args(args)
+    if not options.on_followers:
+        logger.info(
+            "follower node: --sidecar %s runs on the leader only (add --sidecar-on-followers "
+            "to --sidecar-args to run it here too)",
+            module,
+        )
+        return None
+    if not sources:
+        logger.warning(
+            "follower node: --sidecar %s not started: this node owns no KV-event publisher "
+            "(kv_event_sources is []), and a consumer has nothing to relay here",
+            module,
+        )
+        return None
+    try:
+        sidecar = _node_sidecar(module, args, server.host, server.port, "follower")
+        sidecar.start()
+    except BaseException:
+        server.stop()
+        raise
+    server_stop = server.stop
+
+    def stop_sidecar_then_server() -> None:
+        # The sidecar first: it must not watch its metadata server disappear.
+        try:
+            sidecar.stop()
+        except Exception:
+            logger.exception("failed to stop the follower sidecar")
+        server_stop()
+
+    # Every stop path (upstream's shutdown(), the overlay's stop(), the scheduler watcher)
+    # goes through the instance attributes.
+    server.stop = stop_sidecar_then_server
+    server.shutdown = stop_sidecar_then_server
+    server.sidecar = sidecar
+    return sidecar
+
+
+def register(registry: Any, hook_type: Any, *, main_process: bool) -> None:
+    """Install the leader hook (engine process only; followers are wired by the adapters)."""
+    if main_process:
+        registry.register(START_SIDECAR, around_start_sidecar, hook_type.AROUND)
