@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from sglang_sidecar_overlay import metadata
+from sglang_sidecar_overlay.adapters import _sidecar
 from sglang_sidecar_overlay.follower import FollowerMetadataServer, start_follower_server
 from sglang_sidecar_overlay.kv_sources import aggregate_sources, describe_source
 
@@ -218,9 +219,11 @@ def start_node_follower(
     """Start this follower node's metadata server on ``--host``/``--grpc-port``."""
     cfg = serving()
     info = node_server_info(server_args, scheduler_info)
-    return start_follower_server(
+    server = start_follower_server(
         str(cfg.host), int(cfg.grpc_port), metadata.render_server_info(info), scheduler_pids
     )
+    _sidecar.attach_follower_sidecar(server, info.get("kv_event_sources") or [])
+    return server
 
 
 def reap(procs: Iterable[Any]) -> None:
