@@ -22,7 +22,7 @@ import logging
 from typing import Any
 
 from sglang_sidecar_overlay import metadata
-from sglang_sidecar_overlay.adapters import _common
+from sglang_sidecar_overlay.adapters import _common, _sidecar
 
 logger = logging.getLogger("sglang_sidecar_overlay.adapters.v0_5_19")
 
@@ -121,6 +121,7 @@ def leader_server_info(handle: Any) -> str:
 
 def register(registry: Any, hook_type: Any, *, main_process: bool) -> None:
     """Register this generation's hooks; engine-side ones only in the engine process."""
+    _sidecar.register(registry, hook_type, main_process=main_process)
     registry.register(PUBLISHER_SETUP, after_socket_setup, hook_type.AFTER)
     registry.register(GET_INIT_INFO, after_get_init_info, hook_type.AFTER)
     if main_process:

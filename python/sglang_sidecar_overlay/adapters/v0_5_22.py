@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from sglang_sidecar_overlay.adapters import _common
+from sglang_sidecar_overlay.adapters import _common, _sidecar
 
 logger = logging.getLogger("sglang_sidecar_overlay.adapters.v0_5_22")
 
@@ -61,6 +61,7 @@ def around_launch_schedulers(original: Any, cls: Any, *args: Any, **kwargs: Any)
 
 def register(registry: Any, hook_type: Any, *, main_process: bool) -> None:
     """Register this generation's hooks; all of them live in the engine process."""
+    _sidecar.register(registry, hook_type, main_process=main_process)
     if not main_process:
         return
     registry.register(BUILD_SERVER_INFO, around_build_server_info, hook_type.AROUND)
