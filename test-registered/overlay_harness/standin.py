@@ -62,10 +62,21 @@ def run_standin_scheduler(*args: Any, **kwargs: Any) -> None:
     ranks["pipe_writer"].send(scheduler_mod.Scheduler.get_init_info(standin))
 
     parent = multiprocessing.parent_process()
-    if parent is not None:
-        multiprocessing.connection.wait([parent.sentinel])
-    else:  # pragma: no cover - always spawned by SGLang
+    if parent is None:  # pragma: no cover - always spawned by SGLang
         time.sleep(3600)
+        return
+    # While the node lives, a publisher rank emits a small real event batch now and then, so
+    # a subscriber (a --sidecar, a probe) that joins at any moment receives one.
+    publisher = getattr(kv_events_publisher, "kv_event_publisher", None)
+    while not multiprocessing.connection.wait([parent.sentinel], timeout=0.5):
+        if publisher is not None:
+            publisher.publish(_cleared_batch())
+
+
+def _cleared_batch() -> Any:
+    from sglang.srt.disaggregation.kv_events import AllBlocksCleared, KVEventBatch
+
+    return KVEventBatch(ts=time.time(), events=[AllBlocksCleared()])
 
 
 def _publisher_0_5_21(scheduler_mod: Any, server_args: Any, ranks: dict) -> Any:
