@@ -1,0 +1,1 @@
+"""Sidecar provider modules for ``--sidecar`` scenarios (importable by the spawned sidecar)."""
