@@ -1,0 +1,341 @@
+"""``--sidecar`` through SGLang's real launch path, on the leader and (opt-in) on followers.
+
+CPU-only. The only stand-in for a GPU is the model-running part of each scheduler
+(``overlay_harness.standin``, which owns a real ``ZmqEventPublisher`` and publishes a real
+event batch every 0.5 s). The leader runs ``http_server.launch_server`` itself
+(``overlay_harness.providers.http_node``): uvicorn and the FastAPI lifespan that binds the
+native gRPC server and then calls ``start_sidecar`` (the plugin's supervisor), with the
+harness's stand-in tokenizer manager and detokenizer because there is no model to tokenize
+with. Followers run the real follower branch (``overlay_harness.node``).
+
+Scenarios:
+1. leader ``--sidecar overlay_harness.providers.kv_probe``: the provider starts after the
+   listener is bound (its first ``GetServerInfo`` succeeds), subscribes to every advertised
+   source and receives a stand-in's event; killing it brings the node down (SIGQUIT, as
+   upstream's watchdog); stopping the node stops it before the gRPC server.
+2. two nodes, the follower with ``--sidecar dynamo.sglang.sidecar --sidecar-on-followers``
+   (NVIDIA Dynamo's released consumer, ai-dynamo 1.6.1): it passes validation and waits for
+   the leader, for attention DP (with ``SGLANG_SIDECAR_OVERLAY_LEGACY_DP_SIZE=1`` where the
+   release reports ``dp_size=1``) and ordinary DP (no switch); with the switch off on 0.5.22+
+   ``sglang-sidecar-overlay probe`` says why a released consumer rejects the follower.
+   The scenario-2 tests skip when ai-dynamo is not installed
+   (``python scripts/dynamo_env.py --python <env>/bin/python``).
+"""
+
+import contextlib
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+import uuid
+from pathlib import Path
+from unittest import mock
+
+from overlay_harness import cluster
+from sglang.test.ci.ci_register import register_cpu_ci
+from sglang.test.test_utils import CustomTestCase
+from sglang_sidecar_overlay import versions
+
+register_cpu_ci(est_time=900, suite="base-a-test-cpu")
+
+PROVIDER = "overlay_harness.providers.kv_probe"
+DYNAMO = "dynamo.sglang.sidecar"
+WAITING_FOR_LEADER = "Waiting for SGLang leader for local KV publishing"
+TRANSPORT_ARGS = ["--discovery-backend", "file", "--request-plane", "tcp", "--event-plane", "zmq"]
+LEGACY_ENV = "SGLANG_SIDECAR_OVERLAY_LEGACY_DP_SIZE"
+EVENT_DEADLINE = 120.0
+CONSUMER_DEADLINE = 180.0
+STOP_DEADLINE = 90.0
+RELEASE = versions.installed_sglang_version() or ""
+ATTENTION_DP_REPORTS_DP_SIZE_1 = versions.adapter_for(RELEASE or "0") == (
+    "sglang_sidecar_overlay.adapters.v0_5_22"
+)
+
+
+def _dynamo_installed() -> bool:
+    with contextlib.suppress(ImportError, ValueError):
+        return importlib.util.find_spec(DYNAMO) is not None
+    return False
+
+
+class HttpLeader(cluster.Node):
+    """A leader node through ``launch_server`` (same session/tag/log handling as a Node)."""
+
+    def __init__(self, args: list[str], log_dir: Path, name: str):
+        with mock.patch.object(
+            cluster.subprocess,
+            "Popen",
+            lambda cmd, **kw: subprocess.Popen(
+                [sys.executable, "-m", "overlay_harness.providers.http_node", *cmd[3:]], **kw
+            ),
+        ):
+            super().__init__(args, log_dir, name)
+
+    def terminate(self) -> int:
+        """SIGTERM to the server process only: uvicorn runs the lifespan's shutdown."""
+        os.kill(self.proc.pid, signal.SIGTERM)
+        return self.proc.wait(timeout=STOP_DEADLINE)
+
+
+def read_report(path: Path) -> list[dict]:
+    with contextlib.suppress(OSError):
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return []
+
+
+def wait_for_step(path: Path, step: str, timeout: float) -> dict:
+    return cluster.wait_for(
+        lambda: next((r for r in read_report(path) if r["step"] == step), None),
+        timeout,
+        f"the provider to report {step!r}",
+    )
+
+
+def log_index(text: str, needle: str) -> int:
+    index = text.find(needle)
+    if index < 0:
+        raise AssertionError(f"{needle!r} not in the node log")
+    return index
+
+
+class Group:
+    """Launch arguments of one engine group, per node."""
+
+    def __init__(self, model: Path, nnodes: int, parallel: list[str]):
+        self.model = model
+        self.nnodes = nnodes
+        self.parallel = parallel
+        self.dist_port = cluster.free_port()
+        self.kv_base = cluster.free_port_range(4)
+        self.grpc_ports = [cluster.free_port() for _ in range(nnodes)]
+        self.http_ports = [cluster.free_port() for _ in range(nnodes)]
+
+    @property
+    def dist_init_addr(self) -> str:
+        return f"127.0.0.1:{self.dist_port}"
+
+    def for_node(
+        self, node_rank: int, sidecar: str | None = None, sidecar_args: list[str] | None = None
+    ) -> list[str]:
+        kv_events = json.dumps(
+            {"publisher": "zmq", "endpoint": f"tcp://*:{self.kv_base}", "topic": "kv"}
+        )
+        return [
+            "--model-path", str(self.model),
+            "--skip-tokenizer-init",
+            "--skip-server-warmup",
+            "--device", "cpu",
+            "--host", "127.0.0.1",
+            "--port", str(self.http_ports[node_rank]),
+            "--grpc-port", str(self.grpc_ports[node_rank]),
+            "--nnodes", str(self.nnodes),
+            "--node-rank", str(node_rank),
+            "--dist-init-addr", self.dist_init_addr,
+            "--kv-events-config", kv_events,
+            "--sidecar", sidecar,
+            "--sidecar-args", json.dumps(sidecar_args),
+            *self.parallel,
+        ]  # fmt: skip
+
+
+class TestSidecarLaunch(CustomTestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls._tmp = tempfile.TemporaryDirectory(prefix="overlay-sidecar-")
+        cls.workdir = Path(cls._tmp.name)
+        cls.model = cluster.write_tiny_model(cls.workdir / "tiny-llama")
+
+    @classmethod
+    def tearDownClass(cls):
+        cls._tmp.cleanup()
+
+    @contextlib.contextmanager
+    def leader(self, group: Group, report: Path):
+        args = group.for_node(
+            0, PROVIDER, ["--report", str(report), "--sidecar-shutdown-timeout", "20"]
+        )
+        with tempfile.TemporaryDirectory(prefix="overlay-leader-") as log_dir:
+            node = HttpLeader(args, Path(log_dir), "leader")
+            try:
+                yield node
+            except BaseException:
+                sys.stderr.write(f"--- leader log (tail) ---\n{node.log_tail(80)}\n")
+                raise
+            finally:
+                node.stop(timeout=5)
+
+    # --- scenario 1 ------------------------------------------------------------------------
+
+    def test_leader_sidecar_starts_after_bind_receives_events_and_stops_first(self):
+        group = Group(self.model, 1, ["--tp", "1"])
+        report = self.workdir / f"report-{uuid.uuid4().hex}.jsonl"
+        with self.leader(group, report) as node:
+            event = node.ready()
+            self.assertEqual(event["event"], "ready", node.log_tail())
+            info = wait_for_step(report, "server_info", EVENT_DEADLINE)
+            # Started only after the native listener bound: the first call already answered.
+            self.assertEqual(info["attempts"], 1)
+            self.assertEqual(info["node_rank"], 0)
+            self.assertEqual([s["dp_rank"] for s in info["sources"]], [0])
+            started = wait_for_step(report, "started", 1)
+            self.assertEqual(started["endpoint"], f"http://127.0.0.1:{group.grpc_ports[0]}")
+            received = wait_for_step(report, "event", EVENT_DEADLINE)
+            self.assertEqual(received["endpoint"], f"tcp://127.0.0.1:{group.kv_base}")
+            self.assertEqual(received["topic"], "kv")
+            wait_for_step(report, "idle", EVENT_DEADLINE)
+
+            self.assertEqual(node.terminate(), 0, node.log_tail())
+            steps = [r["step"] for r in read_report(report)]
+            self.assertEqual(steps[-2:], ["sigterm", "exiting"])
+            log = node.log_path.read_text(errors="replace")
+            bound = log_index(log, "Native gRPC server started")
+            sidecar_started = log_index(log, f"leader sidecar {PROVIDER} started")
+            sidecar_stopped = log_index(log, f"leader sidecar {PROVIDER} pid=")
+            grpc_down = log_index(log, "gRPC server shutting down")
+            self.assertLess(bound, sidecar_started)
+            self.assertLess(sidecar_stopped, grpc_down)
+            for line in log.splitlines():
+                if "leader sidecar" in line:
+                    sys.stderr.write(f"[{RELEASE}] {line}\n")
+
+    def test_killing_the_leader_sidecar_brings_the_node_down(self):
+        group = Group(self.model, 1, ["--tp", "1"])
+        report = self.workdir / f"report-{uuid.uuid4().hex}.jsonl"
+        with self.leader(group, report) as node:
+            self.assertEqual(node.ready()["event"], "ready", node.log_tail())
+            provider = wait_for_step(report, "idle", EVENT_DEADLINE)
+            killed_at = time.monotonic()
+            os.kill(provider["pid"], signal.SIGKILL)
+            node.proc.wait(timeout=STOP_DEADLINE)
+            sys.stderr.write(
+                f"[{RELEASE}] node down {time.monotonic() - killed_at:.2f} s after the provider "
+                "was killed\n"
+            )
+            self.assertNotEqual(node.proc.returncode, 0)
+            log = node.log_path.read_text(errors="replace")
+            self.assertIn("triggering SIGQUIT", log)
+            cluster.wait_for(
+                lambda: cluster.pids_with_tag(node.tag) == [], 60, "the node's processes to exit"
+            )
+
+    # --- scenario 2 ------------------------------------------------------------------------
+
+    def run_follower_consumer(self, parallel: list[str], *, legacy: bool) -> tuple[str, dict]:
+        group = Group(self.model, 2, parallel)
+        report = self.workdir / f"report-{uuid.uuid4().hex}.jsonl"
+        follower_args = [
+            "--sidecar-on-followers",
+            "--sidecar-shutdown-timeout", "10",
+            "--grpc-endpoint", f"http://127.0.0.1:{group.grpc_ports[1]}",
+            *TRANSPORT_ARGS,
+            "--namespace", f"overlay-{uuid.uuid4().hex[:12]}",
+        ]  # fmt: skip
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("DYN_", "NATS_", "ETCD_"))}
+        env.update(
+            DYN_FILE_KV=str(self.workdir / f"discovery-{uuid.uuid4().hex}"),
+            DYN_LOG="info",
+            DYN_SDK_DISABLE_ANSI_LOGGING="1",
+            NO_COLOR="1",
+        )
+        env[LEGACY_ENV] = "1" if legacy else "0"
+        with (
+            mock.patch.dict(os.environ, env, clear=True),
+            tempfile.TemporaryDirectory(prefix="overlay-nodes-") as log_dir,
+        ):
+            leader = HttpLeader(
+                group.for_node(0, PROVIDER, ["--report", str(report)]), Path(log_dir), "leader"
+            )
+            follower = cluster.Node(
+                group.for_node(1, DYNAMO, follower_args), Path(log_dir), "follower"
+            )
+            try:
+                for node in (leader, follower):
+                    self.assertEqual(node.ready()["event"], "ready", node.log_tail())
+                info = cluster.get_server_info(group.grpc_ports[1])
+
+                def waiting_line() -> str | None:
+                    text = follower.log_path.read_text(errors="replace")
+                    return next((ln for ln in text.splitlines() if WAITING_FOR_LEADER in ln), None)
+
+                line = cluster.wait_for(
+                    waiting_line, CONSUMER_DEADLINE, "the released consumer to wait for the leader"
+                )
+                self.assertIn(f"dist_init:tcp://{group.dist_init_addr}", line)
+                self.assertIn("node_rank=1", line)
+                wait_for_step(report, "event", EVENT_DEADLINE)
+                sys.stderr.write(f"[{RELEASE}] {' '.join(parallel)} legacy={legacy}: {line}\n")
+                follower.stop(timeout=STOP_DEADLINE)
+                log = follower.log_path.read_text(errors="replace")
+                sidecar_started = log_index(log, f"follower sidecar {DYNAMO} started")
+                server_serving = log_index(log, "is SERVING")
+                sidecar_stopped = log_index(log, f"follower sidecar {DYNAMO} pid=")
+                server_stopped = log.index(
+                    "stopped", log_index(log, "follower metadata server at 127.0.0.1")
+                )
+                self.assertLess(server_serving, sidecar_started)
+                self.assertLess(sidecar_stopped, log.rindex("follower metadata server at"))
+                del server_stopped
+                for ln in log.splitlines():
+                    if "follower sidecar" in ln:
+                        sys.stderr.write(f"[{RELEASE}] {ln}\n")
+                return line, info
+            except BaseException:
+                for node in (leader, follower):
+                    sys.stderr.write(f"--- {node.name} log (tail) ---\n{node.log_tail(80)}\n")
+                raise
+            finally:
+                follower.stop(timeout=STOP_DEADLINE)
+                leader.stop(timeout=5)
+
+    @unittest.skipUnless(_dynamo_installed(), "ai-dynamo 1.6.1 is not installed in this env")
+    def test_follower_attention_dp_released_consumer_waits_for_leader(self):
+        legacy = ATTENTION_DP_REPORTS_DP_SIZE_1
+        parallel = ["--tp", "2", "--dp", "2", "--enable-dp-attention"]
+        _, info = self.run_follower_consumer(parallel, legacy=legacy)
+        self.assertEqual(info["dp_size"], 2)
+        self.assertEqual(info["kv_event_rank_space"]["size"], 2)
+
+    def test_follower_attention_dp_switch_off_probe_warns(self):
+        if not ATTENTION_DP_REPORTS_DP_SIZE_1:
+            self.skipTest(f"SGLang {RELEASE} reports attention DP in dp_size: no switch needed")
+        group = Group(self.model, 2, ["--tp", "2", "--dp", "2", "--enable-dp-attention"])
+        with (
+            mock.patch.dict(os.environ, {LEGACY_ENV: "0"}),
+            cluster.nodes(group.for_node(0), group.for_node(1)) as started,
+        ):
+            for node in started:
+                self.assertEqual(node.ready()["event"], "ready", node.log_tail())
+            probe = subprocess.run(
+                [sys.executable, "-m", "sglang_sidecar_overlay", "probe",
+                 f"127.0.0.1:{group.grpc_ports[1]}", "--timeout", "10"],
+                capture_output=True, text=True, timeout=120,
+            )  # fmt: skip
+        output = probe.stdout + probe.stderr
+        self.assertIn("top-level dp_size 1", output, output)
+        warning = next(line for line in output.splitlines() if "dp_size 1" in line)
+        sys.stderr.write(f"[{RELEASE}] probe, switch off: {warning}\n")
+
+    def test_follower_without_publisher_never_launches_the_sidecar(self):
+        # Ordinary DP across nodes is refused by SGLang itself ("multi-node data parallel is
+        # not supported unless dp attention"); what a two-node group without DP attention
+        # gives a follower is no publisher at all (tp_rank 1), where the consumer must not run.
+        group = Group(self.model, 2, ["--tp", "2"])
+        with cluster.nodes(
+            group.for_node(0),
+            group.for_node(1, DYNAMO, ["--sidecar-on-followers", "--grpc-endpoint", "unused"]),
+        ) as started:
+            for node in started:
+                self.assertEqual(node.ready()["event"], "ready", node.log_tail())
+            self.assertEqual(cluster.get_server_info(group.grpc_ports[1])["kv_event_sources"], [])
+            log = started[1].log_path.read_text(errors="replace")
+            self.assertIn("owns no KV-event publisher", log)
+            self.assertNotIn("follower sidecar", log)
+
+
+if __name__ == "__main__":
+    unittest.main()
