@@ -57,6 +57,9 @@ ATTENTION_DP_REPORTS_DP_SIZE_1 = versions.adapter_for(RELEASE or "0") == (
 )
 
 
+_POPEN = subprocess.Popen
+
+
 def _dynamo_installed() -> bool:
     with contextlib.suppress(ImportError, ValueError):
         return importlib.util.find_spec(DYNAMO) is not None
@@ -70,7 +73,7 @@ class HttpLeader(cluster.Node):
         with mock.patch.object(
             cluster.subprocess,
             "Popen",
-            lambda cmd, **kw: subprocess.Popen(
+            lambda cmd, **kw: _POPEN(
                 [sys.executable, "-m", "overlay_harness.providers.http_node", *cmd[3:]], **kw
             ),
         ):
