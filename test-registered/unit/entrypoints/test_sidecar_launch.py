@@ -128,7 +128,7 @@ class Group:
         kv_events = json.dumps(
             {"publisher": "zmq", "endpoint": f"tcp://*:{self.kv_base}", "topic": "kv"}
         )
-        return [
+        args = [
             "--model-path", str(self.model),
             "--skip-tokenizer-init",
             "--skip-server-warmup",
@@ -140,10 +140,11 @@ class Group:
             "--node-rank", str(node_rank),
             "--dist-init-addr", self.dist_init_addr,
             "--kv-events-config", kv_events,
-            "--sidecar", sidecar,
-            "--sidecar-args", json.dumps(sidecar_args),
             *self.parallel,
         ]  # fmt: skip
+        if sidecar is not None:
+            args += ["--sidecar", sidecar, "--sidecar-args", json.dumps(sidecar_args or [])]
+        return args
 
 
 class TestSidecarLaunch(CustomTestCase):
