@@ -199,10 +199,9 @@ def node_server_info(server_args: Any, scheduler_info: Mapping[str, Any]) -> dic
     )
 
 
-def rebuild_server_info_json(upstream_json: str) -> str:
-    """Run an upstream ``GetServerInfo`` JSON through the core builder, keeping its extras."""
-    upstream = json.loads(upstream_json)
-    info = metadata.build_server_info(
+def rebuild_server_info(upstream: Mapping[str, Any]) -> dict:
+    """Run an upstream server-info body through the core builder, keeping its extras."""
+    return metadata.build_server_info(
         upstream,
         {},
         launch_command=upstream.get("launch_command"),
@@ -210,7 +209,6 @@ def rebuild_server_info_json(upstream_json: str) -> str:
         kv_event_sources=upstream.get("kv_event_sources") or [],
         legacy_dp_size=metadata.legacy_dp_size_enabled(),
     )
-    return metadata.render_server_info(info)
 
 
 def start_node_follower(

@@ -12,8 +12,9 @@ Hooks, all through SGLang's ``HookRegistry``:
   start the native metadata server, reaping the schedulers if it cannot bind) and
   ``block_until_scheduler_exits`` (stop it); ``Engine.shutdown`` stops it too;
 - leader: ``RuntimeHandle.get_server_info`` (native gRPC ``GetServerInfo``) answers with the
-  core builder; HTTP ``/server_info`` merges the aggregated sources and rank space from the
-  scheduler info it already includes.
+  core builder; before ``http_server.launch_server`` serves, its ``/server_info`` route is
+  rebound to pass upstream's body through the core builder too (FastAPI bound the original
+  function when the module was imported, before any hook could run).
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ GET_INIT_INFO = "sglang.srt.managers.scheduler.Scheduler.get_init_info"
 LAUNCH_SCHEDULERS = "sglang.srt.entrypoints.engine.Engine._launch_scheduler_processes"
 ENGINE_SHUTDOWN = "sglang.srt.entrypoints.engine.Engine.shutdown"
 LEADER_SERVER_INFO = "sglang.srt.entrypoints.grpc_bridge.RuntimeHandle.get_server_info"
+HTTP_LAUNCH = "sglang.srt.entrypoints.http_server.launch_server"
+SERVER_INFO_PATH = "/server_info"
 
 FOLLOWER_ATTR = "grpc_server"
 
@@ -119,6 +122,40 @@ def leader_server_info(handle: Any) -> str:
     return metadata.render_server_info(info)
 
 
+def before_http_launch(*args: Any, **kwargs: Any) -> None:
+    from sglang.srt.entrypoints import http_server
+
+    rebind_server_info_route(http_server)
+
+
+def rebind_server_info_route(http_server: Any) -> None:
+    """Point ``/server_info`` (and the deprecated alias) at the core builder. Idempotent."""
+    from fastapi.routing import APIRoute
+
+    routes = http_server.app.router.routes
+    for index, route in enumerate(routes):
+        if not isinstance(route, APIRoute) or route.path != SERVER_INFO_PATH:
+            continue
+        if getattr(route.endpoint, "_sidecar_overlay", False):
+            return
+        server_info = _core_server_info_endpoint(route.endpoint)
+        routes[index] = APIRoute(
+            route.path, server_info, methods=list(route.methods or ["GET"]), name=route.name
+        )
+        # The deprecated /get_server_info calls the module-level name.
+        http_server.server_info = server_info
+        return
+
+
+def _core_server_info_endpoint(upstream: Any) -> Any:
+    async def server_info() -> dict:
+        return _common.rebuild_server_info(await upstream())
+
+    server_info._sidecar_overlay = True
+    server_info.__doc__ = upstream.__doc__
+    return server_info
+
+
 def register(registry: Any, hook_type: Any, *, main_process: bool) -> None:
     """Register this generation's hooks; engine-side ones only in the engine process."""
     _sidecar.register(registry, hook_type, main_process=main_process)
@@ -128,3 +165,4 @@ def register(registry: Any, hook_type: Any, *, main_process: bool) -> None:
         registry.register(LAUNCH_SCHEDULERS, around_launch_schedulers, hook_type.AROUND)
         registry.register(ENGINE_SHUTDOWN, before_engine_shutdown, hook_type.BEFORE)
         registry.register(LEADER_SERVER_INFO, leader_server_info, hook_type.REPLACE)
+        registry.register(HTTP_LAUNCH, before_http_launch, hook_type.BEFORE)

@@ -1,0 +1,100 @@
+"""The leader's HTTP ``/server_info`` goes through the overlay's core builder on every release.
+
+CPU-only, in process, no server socket: the plugin is loaded and its hooks applied through
+SGLang's own ``HookRegistry``; then SGLang's real ``/server_info`` route of the real FastAPI
+app is awaited with the global state a running frontend would hold (a stand-in tokenizer
+manager: it needs a model to exist for real). On 0.5.19–0.5.21 the route is rebound by the
+hook that runs before ``http_server.launch_server`` (called directly here: the real one would
+start serving); on 0.5.22+ the route calls SGLang's ``build_server_info``, which the overlay
+replaces.
+"""
+
+import asyncio
+import json
+import os
+import tempfile
+import types
+import unittest
+from pathlib import Path
+from unittest import mock
+
+import jsonschema
+from overlay_harness import cluster
+from sglang.srt.entrypoints import http_server
+from sglang.srt.plugins.hook_registry import HookRegistry
+from sglang.srt.server_args import prepare_server_args
+from sglang.test.ci.ci_register import register_cpu_ci
+from sglang.test.test_utils import CustomTestCase
+from sglang_sidecar_overlay import metadata, plugin
+
+register_cpu_ci(est_time=60, suite="base-a-test-cpu")
+
+SOURCES = [
+    {"dp_rank": 1, "endpoint": "tcp://127.0.0.1:45558", "topic": "", "block_size": 1},
+    {"dp_rank": 0, "endpoint": "tcp://127.0.0.1:45557", "topic": "", "block_size": 1},
+]
+
+
+class TestHttpServerInfo(CustomTestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls._tmp = tempfile.TemporaryDirectory(prefix="overlay-model-")
+        model = cluster.write_tiny_model(Path(cls._tmp.name) / "tiny-llama")
+        kv_events = json.dumps({"publisher": "zmq", "endpoint": "tcp://*:45557", "topic": ""})
+        cls.server_args = prepare_server_args(
+            ["--model-path", str(model), "--skip-tokenizer-init", "--device", "cpu",
+             "--tp", "2", "--dp", "2", "--enable-dp-attention", "--grpc-port", "45999",
+             "--kv-events-config", kv_events]
+        )  # fmt: skip
+        cls.server_args.resolve_once()
+        plugin.load()
+        HookRegistry.apply_hooks()
+        adapter = plugin.installed_adapter() or ""
+        if adapter.endswith("v0_5_19"):
+            from sglang_sidecar_overlay.adapters import v0_5_19
+
+            v0_5_19.before_http_launch(cls.server_args)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls._tmp.cleanup()
+
+    def _server_info(self) -> dict:
+        async def internal_state():
+            return [{"stand_in": True}]
+
+        manager = types.SimpleNamespace(
+            server_args=self.server_args,
+            startup_time={"scheduler_e2e": 0.0},
+            get_internal_state=internal_state,
+        )
+        state = types.SimpleNamespace(
+            tokenizer_manager=manager,
+            scheduler_info={"status": "ready", "kv_event_sources": SOURCES},
+        )
+        routes = http_server.app.router.routes
+        route = next(r for r in routes if getattr(r, "path", None) == "/server_info")
+        with mock.patch.object(http_server, "_global_state", state):
+            return asyncio.run(route.endpoint())
+
+    def test_body_is_built_by_the_core(self):
+        info = self._server_info()
+        self.assertEqual([s["dp_rank"] for s in info["kv_event_sources"]], [0, 1])
+        self.assertEqual(info["kv_event_rank_space"]["size"], 2)
+        self.assertEqual(info["kv_event_rank_space"]["local_ranks"], [0, 1])
+        # Upstream's HTTP-only extras survive.
+        self.assertEqual(info["internal_states"], [{"stand_in": True}])
+        self.assertEqual(info["frontend"], "python")
+        schema = metadata.load_schema()
+        # startup_time is an object on every release; see test_follower_metadata.
+        schema["properties"].pop("startup_time", None)
+        jsonschema.validate(info, schema)
+
+    def test_legacy_dp_size_switch_reaches_http(self):
+        with mock.patch.dict(os.environ, {metadata.LEGACY_DP_SIZE_ENV: "1"}):
+            info = self._server_info()
+        self.assertEqual(info["dp_size"], 2)
+
+
+if __name__ == "__main__":
+    unittest.main()
