@@ -316,6 +316,10 @@ def install_project(env: Path, wheel: Path) -> None:
 
 
 def run_tests(env: Path, release: str, pytest_args: Sequence[str]) -> int:
+    # Paths given after "--" replace the default of the whole tree.
+    targets = (
+        [] if any(not arg.startswith("-") for arg in pytest_args) else [ROOT / "test-registered"]
+    )
     cmd = [
         env / "bin" / "python",
         "-m",
@@ -324,7 +328,7 @@ def run_tests(env: Path, release: str, pytest_args: Sequence[str]) -> int:
         ROOT / "test-registered" / "pytest.ini",
         "--rootdir",
         ROOT / "test-registered",
-        ROOT / "test-registered",
+        *targets,
         *pytest_args,
     ]
     log(f"{release}: running test-registered")
