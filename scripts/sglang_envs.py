@@ -315,6 +315,18 @@ def install_project(env: Path, wheel: Path) -> None:
     )
 
 
+def install_consumer(env: Path) -> None:
+    """The released Dynamo sidecar, the real client of the contract; idempotent (~0.4 s)."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from dynamo_env import install_dynamo
+
+    # dynamo_env installs with the env's pip or the uv on PATH; these envs have no pip.
+    uv = uv_binary()
+    os.environ.update(uv_env())
+    os.environ["PATH"] = f"{uv.parent}{os.pathsep}{os.environ.get('PATH', '')}"
+    install_dynamo(env / "bin" / "python")
+
+
 def run_tests(env: Path, release: str, pytest_args: Sequence[str]) -> int:
     # Paths given after "--" replace the default of the whole tree.
     targets = (
@@ -376,6 +388,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for release in releases:
         env = env_path(release)
         install_project(env, wheel)
+        install_consumer(env)
         if run_tests(env, release, args.pytest_args) != 0:
             failed.append(release)
     if failed:

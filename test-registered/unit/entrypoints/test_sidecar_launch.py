@@ -16,10 +16,11 @@ Scenarios:
 2. two nodes, the follower with ``--sidecar dynamo.sglang.sidecar --sidecar-on-followers``
    (NVIDIA Dynamo's released consumer, ai-dynamo 1.6.1): it passes validation and waits for
    the leader, for attention DP (with ``SGLANG_SIDECAR_OVERLAY_LEGACY_DP_SIZE=1`` where the
-   release reports ``dp_size=1``) and ordinary DP (no switch); with the switch off on 0.5.22+
-   ``sglang-sidecar-overlay probe`` says why a released consumer rejects the follower.
-   The scenario-2 tests skip when ai-dynamo is not installed
-   (``python scripts/dynamo_env.py --python <env>/bin/python``).
+   release reports ``dp_size=1``); with the switch off on 0.5.22+ ``sglang-sidecar-overlay
+   probe`` says why a released consumer rejects the follower (and says nothing before
+   0.5.22). SGLang refuses multi-node ordinary DP, so a TP-only two-node group checks that a
+   follower without a publisher never gets a sidecar. ``scripts/sglang_envs.py`` installs
+   ai-dynamo in every env (``scripts/dynamo_env.py``); a missing install fails the test.
 """
 
 import contextlib
@@ -300,17 +301,19 @@ class TestSidecarLaunch(CustomTestCase):
                 follower.stop(timeout=STOP_DEADLINE)
                 leader.stop(timeout=5)
 
-    @unittest.skipUnless(_dynamo_installed(), "ai-dynamo 1.6.1 is not installed in this env")
     def test_follower_attention_dp_released_consumer_waits_for_leader(self):
+        self.assertTrue(_dynamo_installed(), "the harness installs ai-dynamo 1.6.1 in every env")
         legacy = ATTENTION_DP_REPORTS_DP_SIZE_1
         parallel = ["--tp", "2", "--dp", "2", "--enable-dp-attention"]
         _, info = self.run_follower_consumer(parallel, legacy=legacy)
         self.assertEqual(info["dp_size"], 2)
         self.assertEqual(info["kv_event_rank_space"]["size"], 2)
 
-    def test_follower_attention_dp_switch_off_probe_warns(self):
-        if not ATTENTION_DP_REPORTS_DP_SIZE_1:
-            self.skipTest(f"SGLang {RELEASE} reports attention DP in dp_size: no switch needed")
+    def test_follower_attention_dp_switch_off_probe_warns_only_where_needed(self):
+        """0.5.22+ reports attention DP as dp_size=1: the probe says why a consumer rejects it.
+
+        Before 0.5.22 dp_size counts the attention-DP groups, so no warning is due.
+        """
         group = Group(self.model, 2, ["--tp", "2", "--dp", "2", "--enable-dp-attention"])
         with (
             mock.patch.dict(os.environ, {LEGACY_ENV: "0"}),
@@ -324,6 +327,10 @@ class TestSidecarLaunch(CustomTestCase):
                 capture_output=True, text=True, timeout=120,
             )  # fmt: skip
         output = probe.stdout + probe.stderr
+        if not ATTENTION_DP_REPORTS_DP_SIZE_1:
+            self.assertNotIn("top-level dp_size", output, output)
+            self.assertEqual(probe.returncode, 0, output)
+            return
         self.assertIn("top-level dp_size 1", output, output)
         warning = next(line for line in output.splitlines() if "dp_size 1" in line)
         sys.stderr.write(f"[{RELEASE}] probe, switch off: {warning}\n")
