@@ -84,7 +84,6 @@ class TestHttpServerInfo(CustomTestCase):
         self.assertEqual(info["kv_event_rank_space"]["local_ranks"], [0, 1])
         # Upstream's HTTP-only extras survive.
         self.assertEqual(info["internal_states"], [{"stand_in": True}])
-        self.assertEqual(info["frontend"], "python")
         jsonschema.validate(info, metadata.load_schema())
 
     def test_legacy_dp_size_switch_reaches_http(self):
