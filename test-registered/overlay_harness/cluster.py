@@ -79,6 +79,47 @@ def free_port_range(width: int) -> int:
     raise RuntimeError(f"no {width} consecutive free ports")
 
 
+class EngineGroup:
+    """Launch arguments of one engine group (``--nnodes`` nodes on loopback), per node."""
+
+    def __init__(self, model: Path, nnodes: int, parallel: list[str]):
+        self.model = model
+        self.nnodes = nnodes
+        self.parallel = parallel
+        self.dist_port = free_port()
+        self.kv_base = free_port_range(4)
+        self.grpc_ports = [free_port() for _ in range(nnodes)]
+        self.http_ports = [free_port() for _ in range(nnodes)]
+
+    @property
+    def dist_init_addr(self) -> str:
+        return f"127.0.0.1:{self.dist_port}"
+
+    def for_node(
+        self, node_rank: int, sidecar: str | None = None, sidecar_args: list[str] | None = None
+    ) -> list[str]:
+        kv_events = json.dumps(
+            {"publisher": "zmq", "endpoint": f"tcp://*:{self.kv_base}", "topic": "kv"}
+        )
+        args = [
+            "--model-path", str(self.model),
+            "--skip-tokenizer-init",
+            "--skip-server-warmup",
+            "--device", "cpu",
+            "--host", "127.0.0.1",
+            "--port", str(self.http_ports[node_rank]),
+            "--grpc-port", str(self.grpc_ports[node_rank]),
+            "--nnodes", str(self.nnodes),
+            "--node-rank", str(node_rank),
+            "--dist-init-addr", self.dist_init_addr,
+            "--kv-events-config", kv_events,
+            *self.parallel,
+        ]  # fmt: skip
+        if sidecar is not None:
+            args += ["--sidecar", sidecar, "--sidecar-args", json.dumps(sidecar_args or [])]
+        return args
+
+
 def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
     deadline = time.monotonic() + timeout
     while True:

@@ -13,49 +13,18 @@ path instead: ``Engine._launch_subprocesses`` and the native gRPC server that th
 lifespan starts (``_start_native_grpc_server_for_runtime`` over ``RuntimeHandle``).
 """
 
-import json
 import tempfile
 import unittest
 from pathlib import Path
 
 import jsonschema
 from overlay_harness import cluster
+from overlay_harness.cluster import EngineGroup
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.test_utils import CustomTestCase
 from sglang_sidecar_overlay import metadata
 
 register_cpu_ci(est_time=600, suite="base-a-test-cpu")
-
-
-class NodeArgs:
-    """Launch arguments of one engine group, per node."""
-
-    def __init__(self, model: Path, nnodes: int, parallel: list[str]):
-        self.model = model
-        self.nnodes = nnodes
-        self.parallel = parallel
-        self.dist_port = cluster.free_port()
-        self.kv_base = cluster.free_port_range(4)
-        self.grpc_ports = [cluster.free_port() for _ in range(nnodes)]
-        self.http_ports = [cluster.free_port() for _ in range(nnodes)]
-
-    def for_node(self, node_rank: int) -> list[str]:
-        kv_events = json.dumps(
-            {"publisher": "zmq", "endpoint": f"tcp://*:{self.kv_base}", "topic": "kv"}
-        )
-        return [
-            "--model-path", str(self.model),
-            "--skip-tokenizer-init",
-            "--device", "cpu",
-            "--host", "127.0.0.1",
-            "--port", str(self.http_ports[node_rank]),
-            "--grpc-port", str(self.grpc_ports[node_rank]),
-            "--nnodes", str(self.nnodes),
-            "--node-rank", str(node_rank),
-            "--dist-init-addr", f"127.0.0.1:{self.dist_port}",
-            "--kv-events-config", kv_events,
-            *self.parallel,
-        ]  # fmt: skip
 
 
 class TestFollowerMetadata(CustomTestCase):
@@ -71,7 +40,7 @@ class TestFollowerMetadata(CustomTestCase):
 
     # --- checks shared by every node ---------------------------------------------------------
 
-    def assert_node_info(self, info: dict, group: NodeArgs, node_rank: int, ranks: list[int]):
+    def assert_node_info(self, info: dict, group: EngineGroup, node_rank: int, ranks: list[int]):
         jsonschema.validate(info, self.schema)
         self.assertEqual(info["node_rank"], node_rank)
         self.assertEqual(info["nnodes"], group.nnodes)
@@ -99,7 +68,7 @@ class TestFollowerMetadata(CustomTestCase):
         self.assertEqual(seen[-1], cluster.NOT_SERVING)
         cluster.wait_for(lambda: cluster.health(port) is None, 60, "the server to stop")
 
-    def run_group(self, group: NodeArgs, expected_ranks: list[list[int]]):
+    def run_group(self, group: EngineGroup, expected_ranks: list[list[int]]):
         with cluster.nodes(*(group.for_node(r) for r in range(group.nnodes))) as started:
             events = [node.ready() for node in started]
             for node, event in zip(started, events, strict=True):
@@ -119,12 +88,12 @@ class TestFollowerMetadata(CustomTestCase):
     # --- scenarios -----------------------------------------------------------------------------
 
     def test_single_node_tp2_lists_the_attn_tp_rank0_publisher(self):
-        group = NodeArgs(self.model, 1, ["--tp", "2"])
+        group = EngineGroup(self.model, 1, ["--tp", "2"])
         (info,) = self.run_group(group, [[0]])
         self.assertEqual(info["kv_event_rank_space"]["size"], 1)
 
     def test_two_nodes_attention_dp2_tp2_each_node_lists_its_own_source(self):
-        group = NodeArgs(self.model, 2, ["--tp", "2", "--dp", "2", "--enable-dp-attention"])
+        group = EngineGroup(self.model, 2, ["--tp", "2", "--dp", "2", "--enable-dp-attention"])
         infos = self.run_group(group, [[0], [1]])
         for info in infos:
             self.assertEqual(info["kv_event_rank_space"]["size"], 2)
@@ -134,16 +103,16 @@ class TestFollowerMetadata(CustomTestCase):
         # unless dp attention"), so the DP-controller path runs on one node: both replicas'
         # sources must come through the controller (which drops unknown ready keys before
         # 0.5.22) with distinct ranks and ports.
-        group = NodeArgs(self.model, 1, ["--tp", "1", "--dp", "2"])
+        group = EngineGroup(self.model, 1, ["--tp", "1", "--dp", "2"])
         (info,) = self.run_group(group, [[0, 1]])
         self.assertEqual(info["kv_event_rank_space"]["size"], 2)
 
     def test_follower_without_publisher_answers_empty_list(self):
-        group = NodeArgs(self.model, 2, ["--tp", "2"])
+        group = EngineGroup(self.model, 2, ["--tp", "2"])
         self.run_group(group, [[0], []])
 
     def test_follower_port_taken_fails_launch_and_leaves_no_scheduler(self):
-        group = NodeArgs(self.model, 2, ["--tp", "2"])
+        group = EngineGroup(self.model, 2, ["--tp", "2"])
         with cluster.socket.socket() as taken:
             taken.bind(("127.0.0.1", group.grpc_ports[1]))
             taken.listen()

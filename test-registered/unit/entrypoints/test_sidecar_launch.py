@@ -38,6 +38,7 @@ from pathlib import Path
 from unittest import mock
 
 from overlay_harness import cluster
+from overlay_harness.cluster import EngineGroup
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.test_utils import CustomTestCase
 from sglang_sidecar_overlay import versions
@@ -107,47 +108,6 @@ def log_index(text: str, needle: str) -> int:
     return index
 
 
-class Group:
-    """Launch arguments of one engine group, per node."""
-
-    def __init__(self, model: Path, nnodes: int, parallel: list[str]):
-        self.model = model
-        self.nnodes = nnodes
-        self.parallel = parallel
-        self.dist_port = cluster.free_port()
-        self.kv_base = cluster.free_port_range(4)
-        self.grpc_ports = [cluster.free_port() for _ in range(nnodes)]
-        self.http_ports = [cluster.free_port() for _ in range(nnodes)]
-
-    @property
-    def dist_init_addr(self) -> str:
-        return f"127.0.0.1:{self.dist_port}"
-
-    def for_node(
-        self, node_rank: int, sidecar: str | None = None, sidecar_args: list[str] | None = None
-    ) -> list[str]:
-        kv_events = json.dumps(
-            {"publisher": "zmq", "endpoint": f"tcp://*:{self.kv_base}", "topic": "kv"}
-        )
-        args = [
-            "--model-path", str(self.model),
-            "--skip-tokenizer-init",
-            "--skip-server-warmup",
-            "--device", "cpu",
-            "--host", "127.0.0.1",
-            "--port", str(self.http_ports[node_rank]),
-            "--grpc-port", str(self.grpc_ports[node_rank]),
-            "--nnodes", str(self.nnodes),
-            "--node-rank", str(node_rank),
-            "--dist-init-addr", self.dist_init_addr,
-            "--kv-events-config", kv_events,
-            *self.parallel,
-        ]  # fmt: skip
-        if sidecar is not None:
-            args += ["--sidecar", sidecar, "--sidecar-args", json.dumps(sidecar_args or [])]
-        return args
-
-
 class TestSidecarLaunch(CustomTestCase):
     @classmethod
     def setUpClass(cls):
@@ -160,7 +120,7 @@ class TestSidecarLaunch(CustomTestCase):
         cls._tmp.cleanup()
 
     @contextlib.contextmanager
-    def leader(self, group: Group, report: Path):
+    def leader(self, group: EngineGroup, report: Path):
         args = group.for_node(
             0, PROVIDER, ["--report", str(report), "--sidecar-shutdown-timeout", "20"]
         )
@@ -177,7 +137,7 @@ class TestSidecarLaunch(CustomTestCase):
     # --- scenario 1 ------------------------------------------------------------------------
 
     def test_leader_sidecar_starts_after_bind_receives_events_and_stops_first(self):
-        group = Group(self.model, 1, ["--tp", "1"])
+        group = EngineGroup(self.model, 1, ["--tp", "1"])
         report = self.workdir / f"report-{uuid.uuid4().hex}.jsonl"
         with self.leader(group, report) as node:
             event = node.ready()
@@ -213,7 +173,7 @@ class TestSidecarLaunch(CustomTestCase):
                     sys.stderr.write(f"[{RELEASE}] {line}\n")
 
     def test_killing_the_leader_sidecar_brings_the_node_down(self):
-        group = Group(self.model, 1, ["--tp", "1"])
+        group = EngineGroup(self.model, 1, ["--tp", "1"])
         report = self.workdir / f"report-{uuid.uuid4().hex}.jsonl"
         with self.leader(group, report) as node:
             self.assertEqual(node.ready()["event"], "ready", node.log_tail())
@@ -235,7 +195,7 @@ class TestSidecarLaunch(CustomTestCase):
     # --- scenario 2 ------------------------------------------------------------------------
 
     def run_follower_consumer(self, parallel: list[str], *, legacy: bool) -> tuple[str, dict]:
-        group = Group(self.model, 2, parallel)
+        group = EngineGroup(self.model, 2, parallel)
         report = self.workdir / f"report-{uuid.uuid4().hex}.jsonl"
         follower_args = [
             "--sidecar-on-followers",
@@ -314,7 +274,7 @@ class TestSidecarLaunch(CustomTestCase):
 
         Before 0.5.22 dp_size counts the attention-DP groups, so no warning is due.
         """
-        group = Group(self.model, 2, ["--tp", "2", "--dp", "2", "--enable-dp-attention"])
+        group = EngineGroup(self.model, 2, ["--tp", "2", "--dp", "2", "--enable-dp-attention"])
         with (
             mock.patch.dict(os.environ, {LEGACY_ENV: "0"}),
             cluster.nodes(group.for_node(0), group.for_node(1)) as started,
@@ -339,7 +299,7 @@ class TestSidecarLaunch(CustomTestCase):
         # Ordinary DP across nodes is refused by SGLang itself ("multi-node data parallel is
         # not supported unless dp attention"); what a two-node group without DP attention
         # gives a follower is no publisher at all (tp_rank 1), where the consumer must not run.
-        group = Group(self.model, 2, ["--tp", "2"])
+        group = EngineGroup(self.model, 2, ["--tp", "2"])
         with cluster.nodes(
             group.for_node(0),
             group.for_node(1, DYNAMO, ["--sidecar-on-followers", "--grpc-endpoint", "unused"]),
