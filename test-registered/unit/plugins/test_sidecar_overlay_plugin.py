@@ -28,6 +28,10 @@ class TestSidecarOverlayPlugin(CustomTestCase):
         self._patched = set(HookRegistry._patched)
         self._state = dict(plugin._state)
         plugin._state.clear()
+        # Another test in this process may already have loaded the plugin (SGLang's own
+        # entry points do): start from a registry without our hooks, restored afterwards.
+        for hooks in HookRegistry._hooks.values():
+            hooks[:] = [entry for entry in hooks if not _is_ours(entry[1])]
 
     def tearDown(self):
         HookRegistry._hooks.clear()
