@@ -814,19 +814,23 @@ def _decode_seq(raw: bytes) -> int | None:
     return int.from_bytes(raw, "big", signed=True)
 
 
+def _reject(traffic: RankTraffic, reason: str) -> None:
+    """Count a message that does not follow SGLang's wire format, keeping the latest reason."""
+    traffic.bad_messages += 1
+    traffic.last_bad = reason
+
+
 def _record_batch(traffic: RankTraffic, seq: int, payload: bytes, *, replay: bool) -> None:
     import msgspec
 
     try:
         batch = msgspec.msgpack.decode(payload)
     except msgspec.DecodeError as exc:
-        traffic.bad_messages += 1
-        traffic.last_bad = f"payload is not msgpack: {exc}"
+        _reject(traffic, f"payload is not msgpack: {exc}")
         return
     # EventBatch is array-like: [ts, events, rank?]; the rank is omitted when unset.
     if not isinstance(batch, list) or len(batch) < 2 or not isinstance(batch[1], list):
-        traffic.bad_messages += 1
-        traffic.last_bad = "payload is not an event batch [ts, events, rank]"
+        _reject(traffic, "payload is not an event batch [ts, events, rank]")
         return
     events = len(batch[1])
     if replay:
@@ -849,8 +853,7 @@ def _record_batch(traffic: RankTraffic, seq: int, payload: bytes, *, replay: boo
 
 def _on_live(traffic: RankTraffic, frames: list[bytes]) -> None:
     if len(frames) != 3:
-        traffic.bad_messages += 1
-        traffic.last_bad = f"live message has {len(frames)} frames, expected 3"
+        _reject(traffic, f"live message has {len(frames)} frames, expected 3")
         return
     topic, seq_raw, payload = frames
     if topic != traffic.topic.encode("utf-8"):
@@ -859,8 +862,7 @@ def _on_live(traffic: RankTraffic, frames: list[bytes]) -> None:
         return
     seq = _decode_seq(seq_raw)
     if seq is None:
-        traffic.bad_messages += 1
-        traffic.last_bad = "sequence frame is not 8 bytes"
+        _reject(traffic, "sequence frame is not 8 bytes")
         return
     _record_batch(traffic, seq, payload, replay=False)
 
@@ -875,13 +877,11 @@ def _on_replay(traffic: RankTraffic, frames: list[bytes]) -> None:
     elif len(frames) == 2:
         seq_raw, payload = frames
     else:
-        traffic.bad_messages += 1
-        traffic.last_bad = f"replay message has {len(frames)} frames"
+        _reject(traffic, f"replay message has {len(frames)} frames")
         return
     seq = _decode_seq(seq_raw)
     if seq is None:
-        traffic.bad_messages += 1
-        traffic.last_bad = "replay sequence frame is not 8 bytes"
+        _reject(traffic, "replay sequence frame is not 8 bytes")
         return
     if seq == _END_SEQ:
         traffic.replay = "complete"
@@ -925,8 +925,7 @@ def listen(
             try:
                 sub.connect(item.endpoint)
             except zmq.ZMQError as exc:
-                item.bad_messages += 1
-                item.last_bad = f"cannot subscribe to {item.endpoint}: {exc}"
+                _reject(item, f"cannot subscribe to {item.endpoint}: {exc}")
                 continue
             poller.register(sub, zmq.POLLIN)
             handlers[sub] = (item, _on_live)
@@ -937,8 +936,7 @@ def listen(
                 try:
                     dealer.connect(item.replay_endpoint)
                 except zmq.ZMQError as exc:
-                    item.bad_messages += 1
-                    item.last_bad = f"cannot connect to {item.replay_endpoint}: {exc}"
+                    _reject(item, f"cannot connect to {item.replay_endpoint}: {exc}")
                     continue
                 # The ROUTER expects [identity, "", start_seq]; DEALER adds no delimiter.
                 dealer.send_multipart([b"", (0).to_bytes(_SEQ_BYTES, "big")])
