@@ -20,7 +20,14 @@ import sglang_sidecar_overlay
 from sglang_sidecar_overlay import _grpc_wire as wire
 from sglang_sidecar_overlay.metadata import LEGACY_DP_SIZE_ENV, render_server_info
 from sglang_sidecar_overlay.versions import SUPPORTED_RANGE, installed_sglang_version
-from test_probe import closed_port, feeding, good_info, grpc_node, live_publishers
+from test_probe import (
+    closed_port,
+    feeding,
+    good_info,
+    grpc_node,
+    live_publishers,
+    publish_history,
+)
 
 # The subprocess imports the same package as this test process.
 PACKAGE_PARENT = Path(sglang_sidecar_overlay.__file__).resolve().parent.parent
@@ -78,8 +85,7 @@ def test_usage_error_exits_2_without_traceback() -> None:
 
 def test_probe_passes_against_a_live_node() -> None:
     with live_publishers() as publishers:
-        for pub in publishers:
-            pub.publish([7])
+        publish_history(publishers, [7])
         text = render_server_info(good_info(publishers))
         with grpc_node(text, health=SERVING) as target, feeding(publishers):
             as_json = run_cli("probe", target, "--listen", "1", "--json")

@@ -11,6 +11,7 @@ import copy
 import json
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from concurrent import futures
 
@@ -121,6 +122,20 @@ def feeding(publishers: list[StandInPublisher], interval: float = 0.05) -> Itera
     finally:
         stop.set()
         thread.join(10)
+
+
+def publish_history(publishers: list[StandInPublisher], blocks: list[int]) -> None:
+    """Publish one batch per block on every rank and wait until each publisher has buffered them.
+
+    ``publish`` only queues; a replay request served before the queue drains would see less.
+    """
+    for pub in publishers:
+        for block in blocks:
+            pub.publish([block])
+    deadline = time.monotonic() + 10
+    while any(pub.published < len(blocks) for pub in publishers):
+        assert time.monotonic() < deadline, "publishers did not buffer their history in time"
+        time.sleep(0.01)
 
 
 def good_info(publishers: list[StandInPublisher]) -> dict:
@@ -393,9 +408,7 @@ def test_probe_over_ipv6_loopback(sample: dict) -> None:
 def test_listen_counts_live_and_replayed_batches_per_rank() -> None:
     with live_publishers() as publishers:
         info = good_info(publishers)
-        for pub in publishers:
-            pub.publish([1])
-            pub.publish([2])
+        publish_history(publishers, [1, 2])
 
         def enough(traffic: list[probe.RankTraffic]) -> bool:
             return all(t.replay == "complete" and t.batches >= 2 for t in traffic)
