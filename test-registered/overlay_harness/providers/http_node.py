@@ -10,9 +10,11 @@ defaults. Run it with ``--skip-tokenizer-init`` (the model directory holds a con
 ``--skip-server-warmup`` (the stand-in runs no model to warm up against).
 
 Protocol on stdout as in ``overlay_harness.node``: ``{"event": "ready", ...}`` from SGLang's
-``launch_callback`` once the lifespan is up, or ``{"event": "error", ...}``. Stop it with
-SIGINT or SIGTERM: uvicorn shuts the lifespan down (sidecar first, then gRPC), as in
-production.
+``launch_callback`` once the lifespan is up, or ``{"event": "error", ...}``. Stopping it works
+as in production. SIGINT reaches uvicorn, which shuts the lifespan down (sidecar first, then
+gRPC). SIGTERM reaches the handler the real tokenizer manager installs on its event loop:
+it drains requests, sends ``ShutdownReq``, kills the node's child processes (a ``--sidecar``
+included) and only then stops uvicorn (0.5.21+; 0.5.19–0.5.20 ``sys.exit`` instead).
 """
 
 from __future__ import annotations

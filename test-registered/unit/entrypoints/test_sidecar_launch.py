@@ -4,9 +4,10 @@ CPU-only. The only stand-in for a GPU is the model-running part of each schedule
 (``overlay_harness.standin``, which owns a real ``ZmqEventPublisher`` and publishes a real
 event batch every 0.5 s). The leader runs ``http_server.launch_server`` itself
 (``overlay_harness.providers.http_node``): uvicorn and the FastAPI lifespan that binds the
-native gRPC server and then calls ``start_sidecar`` (the plugin's supervisor), with the
-harness's stand-in tokenizer manager and detokenizer because there is no model to tokenize
-with. Followers run the real follower branch (``overlay_harness.node``).
+native gRPC server and then calls ``start_sidecar`` (the plugin's supervisor), with SGLang's
+real tokenizer manager and detokenizer (``--skip-tokenizer-init``). Followers run the real
+follower branch (``overlay_harness.node``) and start before the leader
+(``cluster.start_followers_first``).
 
 Scenarios:
 1. leader ``--sidecar overlay_harness.providers.kv_probe``: the provider starts after the
