@@ -14,7 +14,7 @@ Protocol on stdout as in ``overlay_harness.node``: ``{"event": "ready", ...}`` f
 as in production. SIGINT reaches uvicorn, which shuts the lifespan down (sidecar first, then
 gRPC). SIGTERM reaches the handler the real tokenizer manager installs on its event loop:
 it drains requests, sends ``ShutdownReq``, kills the node's child processes (a ``--sidecar``
-included) and only then stops uvicorn (0.5.21+; 0.5.19–0.5.20 ``sys.exit`` instead).
+included) and only then stops uvicorn (0.5.20+; 0.5.19 calls ``sys.exit`` instead).
 """
 
 from __future__ import annotations
