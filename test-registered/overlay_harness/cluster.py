@@ -151,6 +151,9 @@ def pids_with_tag(tag: str) -> list[int]:
 class Node:
     """One node process; ``ready()`` returns its ready event or raises with its log."""
 
+    # The module run as the node: ``overlay_harness.node`` or a provider's variant.
+    module = "overlay_harness.node"
+
     def __init__(self, args: list[str], log_dir: Path, name: str):
         self.tag = uuid.uuid4().hex
         self.name = name
@@ -162,7 +165,7 @@ class Node:
         env["SGLANG_PLUGINS"] = "sidecar_overlay"
         self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "overlay_harness.node", *args],
+            [sys.executable, "-m", self.module, *args],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self._log,
@@ -200,6 +203,18 @@ class Node:
         self.event = json.loads(line)
         return self.event
 
+    def wait_past_port_checks(self, timeout: float = NODE_READY_DEADLINE) -> None:
+        """Until the node has spawned a child process or exited.
+
+        ``Engine._launch_subprocesses`` spawns nothing before ``PortArgs.init_new`` (its only
+        port availability checks) has returned.
+        """
+        wait_for(
+            lambda: len(pids_with_tag(self.tag)) > 1 or self.proc.poll() is not None,
+            timeout,
+            f"{self.name} to start its first child process",
+        )
+
     def stop(self, timeout: float = 60.0) -> int | None:
         """Close stdin (orderly stop), then kill the node's whole session."""
         with contextlib.suppress(OSError, ValueError):
@@ -217,14 +232,43 @@ class Node:
         return self.proc.returncode
 
 
+def node_rank_of(args: list[str]) -> int:
+    return int(args[args.index("--node-rank") + 1]) if "--node-rank" in args else 0
+
+
+def start_followers_first(start: Callable[[list[str], int], Node], arg_lists: list[list[str]]):
+    """Start every follower and let it pass its port checks, then the leader; returns all nodes.
+
+    One host plays every node here. With attention DP, SGLang derives the leader's TCP IPC
+    ports from ``--dist-init-addr`` and every node's ``PortArgs.init_new`` waits for them to be
+    free; the leader's real tokenizer manager and detokenizer then bind them. On a cluster they
+    are bound on another host; here a follower must pass that check before the leader binds.
+    It cannot wait for the follower's ready event: an attention-DP follower's DP controller
+    only gets ready after the leader's has sent it the worker ports.
+    """
+    order = sorted(range(len(arg_lists)), key=lambda i: node_rank_of(arg_lists[i]) == 0)
+    started: dict[int, Node] = {}
+    try:
+        for index in order:
+            started[index] = start(arg_lists[index], index)
+            if node_rank_of(arg_lists[index]) != 0:
+                started[index].wait_past_port_checks()
+    except BaseException:
+        for node in started.values():
+            node.stop()
+        raise
+    return [started[index] for index in range(len(arg_lists))]
+
+
 @contextlib.contextmanager
 def nodes(*arg_lists: list[str]) -> Iterator[list[Node]]:
-    """Start the nodes together (as a cluster would) and always take them down."""
+    """Start the nodes (followers first, see ``start_followers_first``); always stop them."""
     with tempfile.TemporaryDirectory(prefix="overlay-nodes-") as log_dir:
         started: list[Node] = []
         try:
-            for index, args in enumerate(arg_lists):
-                started.append(Node(args, Path(log_dir), f"node{index}"))
+            started = start_followers_first(
+                lambda args, index: Node(args, Path(log_dir), f"node{index}"), list(arg_lists)
+            )
             yield started
         except BaseException:
             for node in started:

@@ -7,10 +7,14 @@ real cluster, so each node has its own runtime context and plugin state). The no
 - follower (``--node-rank >= 1``): ``Engine._launch_subprocesses`` with the stand-in scheduler,
   which runs the real follower branch (``SGLANG_BLOCK_NONZERO_RANK_CHILDREN=0``, the Engine API
   path, so it returns instead of blocking);
-- leader: the same call, with stand-ins for the tokenizer manager and detokenizer (they need
-  a model to tokenize with), then SGLang's own
-  ``http_server._start_native_grpc_server_for_runtime``, i.e. the native gRPC server the HTTP
-  lifespan starts, over SGLang's ``RuntimeHandle``.
+- leader: the same call, which also starts SGLang's real ``TokenizerManager`` (upstream's
+  default ``init_tokenizer_manager``; ``--skip-tokenizer-init``, so the config-only model
+  directory is enough) and real detokenizer process (``run_detokenizer_process``), then
+  SGLang's own ``http_server._start_native_grpc_server_for_runtime``, i.e. the native gRPC
+  server the HTTP lifespan starts, over SGLang's ``RuntimeHandle``. While it serves, the
+  tokenizer manager's event loop runs, as under the HTTP server.
+
+The scheduler (``overlay_harness.standin``) is the only stand-in.
 
 Protocol on stdout: one JSON line ``{"event": "ready", "pids": [...], "grpc_port": P}`` or
 ``{"event": "error", "error": "..."}`` (then exit 1). The node keeps running until its stdin
@@ -22,7 +26,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-import types
 from typing import Any
 
 _protocol = None
@@ -40,47 +43,18 @@ def _emit(event: dict) -> None:
     _protocol.flush()
 
 
-def run_standin_detokenizer(server_args: Any, port_args: Any) -> None:
-    """Idle like a detokenizer with nothing to detokenize, until the parent goes away."""
-    import multiprocessing
-    import multiprocessing.connection
+def _serve_until_stdin_closes(tokenizer_manager: Any) -> None:
+    """Block until the test closes our stdin.
 
-    parent = multiprocessing.parent_process()
-    if parent is not None:
-        multiprocessing.connection.wait([parent.sentinel])
-
-
-def _standin_tokenizer_manager(server_args: Any, port_args: Any) -> tuple[Any, None]:
-    import asyncio
-
-    manager = types.SimpleNamespace(
-        server_args=server_args,
-        event_loop=asyncio.new_event_loop(),
-        startup_time=None,
-        max_req_input_len=None,
-    )
-    manager.set_startup_time = lambda startup_time: setattr(manager, "startup_time", startup_time)
-    # What RuntimeHandle and the native server touch while serving metadata only.
-    manager.auto_create_handle_loop = lambda: None
-    manager.set_engine_state_changed_callback = lambda callback: None
-    manager.is_pause = False
-    manager.gracefully_exit = False
-    manager.is_healthy = lambda: True
-    manager.tokenizer = None
-    manager.model_path = server_args.model_path
-    manager.served_model_name = server_args.model_path
-    manager.is_generation = True
-    manager.mm_processor = None
-    manager.lora_registry = None
-    manager.config_value = lambda name: getattr(server_args, name, None)
-    hf_config = types.SimpleNamespace(model_type="llama", architectures=["LlamaForCausalLM"])
-    manager.model_config = types.SimpleNamespace(
-        hf_config=hf_config, context_len=2048, embedding_model_spec=None
-    )
-    from sglang.srt.managers.tokenizer_manager import ServerStatus
-
-    manager.server_status = ServerStatus.Up
-    return manager, None
+    On the leader, the real ``TokenizerManager``'s event loop runs meanwhile (its
+    ``handle_loop`` receiving from the real detokenizer), as it does under the HTTP server
+    that normally hosts the native gRPC server; followers have no tokenizer manager.
+    """
+    if tokenizer_manager is None:
+        sys.stdin.read()
+        return
+    loop = tokenizer_manager.event_loop
+    loop.run_until_complete(loop.run_in_executor(None, sys.stdin.read))
 
 
 def main(argv: list[str]) -> int:
@@ -96,13 +70,14 @@ def main(argv: list[str]) -> int:
     grpc_handle = None
     engine = None
     try:
+        # Upstream's own tokenizer manager and detokenizer, as Engine() would pass them.
         result = Engine._launch_subprocesses(
             server_args,
-            init_tokenizer_manager_func=_standin_tokenizer_manager,
+            init_tokenizer_manager_func=Engine.init_tokenizer_manager_func,
             run_scheduler_process_func=run_standin_scheduler,
-            run_detokenizer_process_func=run_standin_detokenizer,
+            run_detokenizer_process_func=Engine.run_detokenizer_process_func,
         )
-        tokenizer_manager, _template, _ports, init_result = result[:4]
+        tokenizer_manager, template_manager, _ports, init_result = result[:4]
         if node_rank == 0:
             from sglang.srt.entrypoints import http_server
             from sglang.srt.runtime_context import get_serving
@@ -110,7 +85,7 @@ def main(argv: list[str]) -> int:
             grpc_handle = http_server._start_native_grpc_server_for_runtime(
                 server_args=server_args,
                 tokenizer_manager=tokenizer_manager,
-                template_manager=None,
+                template_manager=template_manager,
                 scheduler_info=init_result.scheduler_infos[0],
                 grpc_port=get_serving().grpc_port,
             )
@@ -127,13 +102,25 @@ def main(argv: list[str]) -> int:
             "grpc_port": server_args.grpc_port,
         }
     )
-    sys.stdin.read()  # until the test closes our stdin
+    _serve_until_stdin_closes(tokenizer_manager)
     try:
         _stop_follower(engine)
     finally:
         if grpc_handle is not None:
             grpc_handle.shutdown()
+        _reap_children()
     return 0
+
+
+def _reap_children() -> None:
+    """What ``Engine.shutdown`` does last: kill this node's process tree, itself excepted.
+
+    Schedulers and the detokenizer only exit when their parent goes away, and
+    multiprocessing's exit handler would otherwise wait for them forever.
+    """
+    from sglang.srt.utils.common import kill_process_tree
+
+    kill_process_tree(os.getpid(), include_parent=False, wait_timeout=60)
 
 
 def _stop_follower(engine: Any) -> None:

@@ -1,52 +1,27 @@
 """A leader node through SGLang's real ``http_server.launch_server``, FastAPI lifespan included.
 
 Run as ``python -m overlay_harness.providers.http_node <sglang launch args…>``. Everything is
-SGLang's own launch path (``Engine._launch_subprocesses``, ``_setup_and_run_http_server``,
-uvicorn, the ``lifespan`` that starts the native gRPC server and then ``--sidecar``), with the
-harness's stand-ins passed through ``launch_server``'s own parameters for the parts that need
-a model: scheduler, tokenizer manager, detokenizer. Run it with ``--skip-server-warmup`` (no
-model to warm up against).
+SGLang's own launch path (``Engine._launch_subprocesses``, the real ``TokenizerManager`` and
+detokenizer process, ``_setup_and_run_http_server``, uvicorn, the ``lifespan`` that starts the
+native gRPC server and then ``--sidecar``). Only the scheduler is the harness's stand-in
+(``overlay_harness.standin``), passed through ``launch_server``'s own
+``run_scheduler_process_func`` parameter; the tokenizer manager and detokenizer are upstream's
+defaults. Run it with ``--skip-tokenizer-init`` (the model directory holds a config only) and
+``--skip-server-warmup`` (the stand-in runs no model to warm up against).
 
 Protocol on stdout as in ``overlay_harness.node``: ``{"event": "ready", ...}`` from SGLang's
-``launch_callback`` once the lifespan is up, or ``{"event": "error", ...}``. Stop it with
-SIGINT or SIGTERM: uvicorn shuts the lifespan down (sidecar first, then gRPC), as in
-production.
+``launch_callback`` once the lifespan is up, or ``{"event": "error", ...}``. Stopping it works
+as in production. SIGINT reaches uvicorn, which shuts the lifespan down (sidecar first, then
+gRPC). SIGTERM reaches the handler the real tokenizer manager installs on its event loop:
+it drains requests, sends ``ShutdownReq``, kills the node's child processes (a ``--sidecar``
+included) and only then stops uvicorn (0.5.20+; 0.5.19 calls ``sys.exit`` instead).
 """
 
 from __future__ import annotations
 
 import sys
-import types
-from typing import Any
-from unittest import mock
 
 from overlay_harness import node
-
-
-class _HttpTokenizerManager(types.SimpleNamespace):
-    """The harness's stand-in tokenizer manager, widened for the HTTP frontend.
-
-    The OpenAI-compatible handlers the lifespan builds, the signal and stop-hook wiring in
-    ``_setup_and_run_http_server`` touch many more attributes than the gRPC path. None of them
-    is used while the frontend only serves metadata, so any attribute the narrow stand-in
-    lacks is a permissive mock.
-    """
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("__"):
-            raise AttributeError(name)
-        value = mock.MagicMock(name=f"tokenizer_manager.{name}")
-        setattr(self, name, value)
-        return value
-
-
-def _http_tokenizer_manager(server_args: Any, port_args: Any) -> tuple[Any, Any]:
-    narrow, template = node._standin_tokenizer_manager(server_args, port_args)
-    manager = _HttpTokenizerManager(**vars(narrow))
-    manager.set_startup_time = lambda startup_time: setattr(manager, "startup_time", startup_time)
-    # The classification handler reads the model's label map at construction.
-    manager.model_config.hf_config.id2label = {0: "LABEL_0"}
-    return manager, template
 
 
 def main(argv: list[str]) -> int:
@@ -62,11 +37,10 @@ def main(argv: list[str]) -> int:
         node._emit({"event": "ready", "pids": [], "grpc_port": server_args.grpc_port})
 
     try:
+        # Tokenizer manager, detokenizer and warmup stay launch_server's defaults.
         http_server.launch_server(
             server_args,
-            init_tokenizer_manager_func=_http_tokenizer_manager,
             run_scheduler_process_func=run_standin_scheduler,
-            run_detokenizer_process_func=node.run_standin_detokenizer,
             launch_callback=ready,
         )
     except BaseException as exc:

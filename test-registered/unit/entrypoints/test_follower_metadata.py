@@ -7,10 +7,11 @@ or through the DP controller), that answers the real ready handshake and owns a 
 in its own process (``overlay_harness.node``) with this plugin loaded by SGLang's plugin
 framework (``SGLANG_PLUGINS=sidecar_overlay``).
 
-The leader's frontend is not started: the HTTP server's tokenizer manager needs a tokenizer
-and live schedulers to warm up against. The leader is driven through the rest of its real
-path instead: ``Engine._launch_subprocesses`` and the native gRPC server that the HTTP
-lifespan starts (``_start_native_grpc_server_for_runtime`` over ``RuntimeHandle``).
+The leader runs ``Engine._launch_subprocesses`` with SGLang's real tokenizer manager and
+detokenizer (``--skip-tokenizer-init``), then the native gRPC server that the HTTP lifespan
+starts (``_start_native_grpc_server_for_runtime`` over ``RuntimeHandle``); its HTTP frontend
+is exercised in ``test_sidecar_launch``. Followers start before the leader
+(``cluster.start_followers_first``).
 """
 
 import tempfile

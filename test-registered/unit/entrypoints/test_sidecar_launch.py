@@ -4,9 +4,10 @@ CPU-only. The only stand-in for a GPU is the model-running part of each schedule
 (``overlay_harness.standin``, which owns a real ``ZmqEventPublisher`` and publishes a real
 event batch every 0.5 s). The leader runs ``http_server.launch_server`` itself
 (``overlay_harness.providers.http_node``): uvicorn and the FastAPI lifespan that binds the
-native gRPC server and then calls ``start_sidecar`` (the plugin's supervisor), with the
-harness's stand-in tokenizer manager and detokenizer because there is no model to tokenize
-with. Followers run the real follower branch (``overlay_harness.node``).
+native gRPC server and then calls ``start_sidecar`` (the plugin's supervisor), with SGLang's
+real tokenizer manager and detokenizer (``--skip-tokenizer-init``). Followers run the real
+follower branch (``overlay_harness.node``) and start before the leader
+(``cluster.start_followers_first``).
 
 Scenarios:
 1. leader ``--sidecar overlay_harness.providers.kv_probe``: the provider starts after the
@@ -59,9 +60,6 @@ ATTENTION_DP_REPORTS_DP_SIZE_1 = versions.adapter_for(RELEASE or "0") == (
 )
 
 
-_POPEN = subprocess.Popen
-
-
 def _dynamo_installed() -> bool:
     with contextlib.suppress(ImportError, ValueError):
         return importlib.util.find_spec(DYNAMO) is not None
@@ -71,15 +69,7 @@ def _dynamo_installed() -> bool:
 class HttpLeader(cluster.Node):
     """A leader node through ``launch_server`` (same session/tag/log handling as a Node)."""
 
-    def __init__(self, args: list[str], log_dir: Path, name: str):
-        with mock.patch.object(
-            cluster.subprocess,
-            "Popen",
-            lambda cmd, **kw: _POPEN(
-                [sys.executable, "-m", "overlay_harness.providers.http_node", *cmd[3:]], **kw
-            ),
-        ):
-            super().__init__(args, log_dir, name)
+    module = "overlay_harness.providers.http_node"
 
     def terminate(self) -> int:
         """SIGTERM to the server process only: uvicorn runs the lifespan's shutdown."""
@@ -216,11 +206,16 @@ class TestSidecarLaunch(CustomTestCase):
             mock.patch.dict(os.environ, env, clear=True),
             tempfile.TemporaryDirectory(prefix="overlay-nodes-") as log_dir,
         ):
-            leader = HttpLeader(
-                group.for_node(0, PROVIDER, ["--report", str(report)]), Path(log_dir), "leader"
-            )
-            follower = cluster.Node(
-                group.for_node(1, DYNAMO, follower_args), Path(log_dir), "follower"
+            # Followers first: the leader's real tokenizer manager binds the port plan that
+            # a follower on this same host checks (see cluster.start_followers_first).
+            leader, follower = cluster.start_followers_first(
+                lambda args, index: (HttpLeader, cluster.Node)[index](
+                    args, Path(log_dir), ("leader", "follower")[index]
+                ),
+                [
+                    group.for_node(0, PROVIDER, ["--report", str(report)]),
+                    group.for_node(1, DYNAMO, follower_args),
+                ],
             )
             try:
                 for node in (leader, follower):
