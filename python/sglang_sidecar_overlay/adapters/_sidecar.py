@@ -20,6 +20,11 @@ same way). What runs where:
 An unexpected sidecar exit (with the default ``never`` restart policy, or once the restart
 budget is spent) brings the node down the way upstream's watchdog does: SIGQUIT to the
 engine process, whose SGLang handler kills the whole process tree.
+
+SIGTERM: SGLang's tokenizer manager handles it on its event loop (``SignalHandler``), drains,
+then SIGKILLs the node's whole process tree before uvicorn runs the lifespan's ``stop()``. An
+AFTER hook on that handler starts stopping the node's sidecars at once, so the provider gets
+its SIGTERM and grace period first and its death is never mistaken for a crash.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import json
 import logging
 import os
 import signal
+import threading
 import time
 from typing import Any
 
@@ -37,6 +43,7 @@ from sglang_sidecar_overlay.sidecar import SidecarOptions, SidecarSupervisor, bu
 logger = logging.getLogger("sglang_sidecar_overlay.adapters.sidecar")
 
 START_SIDECAR = "sglang.srt.entrypoints.sidecar.start_sidecar"
+SIGTERM_HANDLER = "sglang.srt.managers.tokenizer_manager.SignalHandler.sigterm_handler"
 
 # Releases whose upstream sidecar passed ``--sglang-endpoint <endpoint>`` in the provider's
 # argv. 0.5.19–0.5.23 all hand the endpoint over only in SGLANG_GRPC_ENDPOINT.
@@ -66,6 +73,11 @@ def quit_server(description: str) -> None:
     os.kill(os.getpid(), signal.SIGQUIT)
 
 
+# Sidecars started in this process and not stopped yet: what SIGTERM has to stop.
+_running: set[NodeSidecar] = set()
+_running_lock = threading.Lock()
+
+
 class NodeSidecar:
     """One supervised sidecar of this node, with the ``stop()`` upstream's lifespan calls."""
 
@@ -74,6 +86,8 @@ class NodeSidecar:
         self.role = role
         self.started_at: float | None = None
         self.stopped_at: float | None = None
+        # A second stop() (the lifespan's, after SIGTERM began one) waits for the first.
+        self._stop_lock = threading.Lock()
 
     @property
     def pid(self) -> int | None:
@@ -83,6 +97,8 @@ class NodeSidecar:
         began = time.monotonic()
         self.supervisor.start()
         self.started_at = time.monotonic()
+        with _running_lock:
+            _running.add(self)
         logger.info(
             "%s sidecar %s started pid=%s endpoint=%s in %.1f ms",
             self.role,
@@ -93,22 +109,33 @@ class NodeSidecar:
         )
 
     def stop(self) -> None:
-        """Stop the sidecar (bounded by the shutdown timeout + 1 s). Idempotent."""
-        if self.stopped_at is not None:
-            return
-        began = time.monotonic()
-        pid = self.supervisor.pid
-        try:
-            self.supervisor.stop()
-        finally:
-            self.stopped_at = time.monotonic()
-            logger.info(
-                "%s sidecar %s pid=%s stopped in %.1f ms",
-                self.role,
-                self.supervisor.module,
-                pid,
-                (self.stopped_at - began) * 1000,
-            )
+        """Stop the sidecar (bounded by the shutdown timeout + 1 s). Idempotent, thread-safe."""
+        with self._stop_lock:
+            if self.stopped_at is not None:
+                return
+            began = time.monotonic()
+            pid = self.supervisor.pid
+            try:
+                self.supervisor.stop()
+            finally:
+                self.stopped_at = time.monotonic()
+                with _running_lock:
+                    _running.discard(self)
+                logger.info(
+                    "%s sidecar %s pid=%s stopped in %.1f ms",
+                    self.role,
+                    self.supervisor.module,
+                    pid,
+                    (self.stopped_at - began) * 1000,
+                )
+
+    def stop_in_background(self) -> threading.Thread:
+        """Start :meth:`stop` on its own thread (signal handlers must not block the loop)."""
+        thread = threading.Thread(
+            target=self.stop, name=f"overlay-{self.role}-sidecar-stop", daemon=True
+        )
+        thread.start()
+        return thread
 
 
 def _node_sidecar(module: str, args: list[str], host: str, port: int, role: str) -> NodeSidecar:
@@ -143,6 +170,20 @@ def around_start_sidecar(original: Any, *args: Any, **kwargs: Any) -> Any:
     if _common.rust_server_enabled():
         return original(*args, **kwargs)
     return start_leader_sidecar()
+
+
+def after_sigterm_handler(result: Any, *args: Any, **kwargs: Any) -> Any:
+    """SGLang has begun its SIGTERM shutdown: stop this node's sidecars first, gracefully."""
+    with _running_lock:
+        sidecars = list(_running)
+    for sidecar in sidecars:
+        logger.info(
+            "SIGTERM: stopping %s sidecar %s before SGLang's shutdown kills the process tree",
+            sidecar.role,
+            sidecar.supervisor.module,
+        )
+        sidecar.stop_in_background()
+    return result
 
 
 def attach_follower_sidecar(server: Any, sources: list) -> NodeSidecar | None:
@@ -199,3 +240,4 @@ def register(registry: Any, hook_type: Any, *, main_process: bool) -> None:
     """Install the leader hook (engine process only; followers are wired by the adapters)."""
     if main_process:
         registry.register(START_SIDECAR, around_start_sidecar, hook_type.AROUND)
+        registry.register(SIGTERM_HANDLER, after_sigterm_handler, hook_type.AFTER)
