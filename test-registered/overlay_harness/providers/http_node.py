@@ -13,8 +13,9 @@ Protocol on stdout as in ``overlay_harness.node``: ``{"event": "ready", ...}`` f
 ``launch_callback`` once the lifespan is up, or ``{"event": "error", ...}``. Stopping it works
 as in production. SIGINT reaches uvicorn, which shuts the lifespan down (sidecar first, then
 gRPC). SIGTERM reaches the handler the real tokenizer manager installs on its event loop:
-it drains requests, sends ``ShutdownReq``, kills the node's child processes (a ``--sidecar``
-included) and only then stops uvicorn (0.5.20+; 0.5.19 calls ``sys.exit`` instead).
+the overlay's hook on it stops the ``--sidecar`` at once; SGLang then drains requests, sends
+``ShutdownReq``, kills the node's child processes and only then stops uvicorn (0.5.20+; 0.5.19
+calls ``sys.exit`` instead).
 """
 
 from __future__ import annotations
