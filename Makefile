@@ -6,8 +6,9 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 WHEEL_DIR := dist
-# Releases the SGLang-backed tier runs on; `make test SGLANG_RELEASES=all` runs every supported one.
-SGLANG_RELEASES ?= 0.5.21,0.5.23
+# Releases the SGLang-backed tier runs on: `ci` is releases.CI_RELEASES in the package;
+# `make test SGLANG_RELEASES=all` runs every supported one.
+SGLANG_RELEASES ?= ci
 
 .PHONY: venv build-dev wheel install lint rust-check python-lint test test-unit test-registered \
 	selftest benchmark clean

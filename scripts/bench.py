@@ -191,7 +191,7 @@ def snapshot(size: int) -> str:
 
 
 def encoded_response(json_info: str) -> bytes:
-    from sglang_sidecar_overlay._grpc_wire import encode_get_server_info_response
+    from sglang_sidecar_overlay.tools.probe.wire import encode_get_server_info_response
 
     return encode_get_server_info_response(json_info)
 
@@ -316,7 +316,7 @@ def _pythonpath() -> str:
 def check_bytes(port: int, json_info: str) -> None:
     """Every server must answer with exactly the snapshot, or the comparison means nothing."""
     import grpc
-    from sglang_sidecar_overlay._grpc_wire import decode_get_server_info_response
+    from sglang_sidecar_overlay.tools.probe.wire import decode_get_server_info_response
 
     with grpc.insecure_channel(
         f"127.0.0.1:{port}", options=[("grpc.max_receive_message_length", -1)]

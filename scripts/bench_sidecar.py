@@ -48,7 +48,7 @@ class _Ours:
     """This project's supervisor; a crash is reported through its ``fatal`` callback."""
 
     def __init__(self, module: str, report: Path, timeout: float, fatal: Callable[[], None]):
-        from sglang_sidecar_overlay.sidecar import SidecarOptions, SidecarSupervisor
+        from sglang_sidecar_overlay.sidecar.supervisor import SidecarOptions, SidecarSupervisor
 
         self._sup = SidecarSupervisor(
             f"sidecar_providers.{module}",

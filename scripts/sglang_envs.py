@@ -50,7 +50,26 @@ PINS = {
     "0.5.22": ("2.14.1", "5.19.0"),
     "0.5.23": ("2.14.1", "5.19.0"),
 }
-DEFAULT_RELEASES = ("0.5.21", "0.5.23")
+
+
+def _load_releases():
+    """The package's release table, loaded by path: this script runs before any install."""
+    import importlib.util
+
+    path = ROOT / "python" / "sglang_sidecar_overlay" / "releases.py"
+    spec = importlib.util.spec_from_file_location("_overlay_releases", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+RELEASES = _load_releases()
+DEFAULT_RELEASES = RELEASES.CI_RELEASES
+if set(PINS) != set(RELEASES.SUPPORTED_VERSIONS):
+    raise SystemExit(
+        f"scripts/sglang_envs.py pins {sorted(PINS)} but the package supports "
+        f"{list(RELEASES.SUPPORTED_VERSIONS)}: add or drop the pins"
+    )
 
 # Packages SGLang imports at module level on the launch path (engine, scheduler, DP
 # controller, HTTP server, launch_server, sglang.test). Versions come from the release's own
@@ -125,11 +144,15 @@ def cache_dir() -> Path:
 def parse_releases(text: str | None) -> list[str]:
     raw = text or os.environ.get("SGLANG_OVERLAY_RELEASES") or ",".join(DEFAULT_RELEASES)
     if raw.strip() == "all":
-        return list(PINS)
+        return list(RELEASES.SUPPORTED_VERSIONS)
+    if raw.strip() == "ci":
+        return list(DEFAULT_RELEASES)
     releases = [item for item in raw.replace(",", " ").split() if item]
     unknown = [release for release in releases if release not in PINS]
     if unknown:
-        raise SystemExit(f"unsupported release(s) {unknown}; choose from {list(PINS)} or 'all'")
+        raise SystemExit(
+            f"unsupported release(s) {unknown}; choose from {list(PINS)}, 'ci' or 'all'"
+        )
     return releases
 
 

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 import sglang_sidecar_overlay
-from sglang_sidecar_overlay import _grpc_wire as wire
-from sglang_sidecar_overlay.metadata import LEGACY_DP_SIZE_ENV, render_server_info
-from sglang_sidecar_overlay.versions import SUPPORTED_RANGE, installed_sglang_version
+from sglang_sidecar_overlay.contract.server_info import LEGACY_DP_SIZE_ENV, render_server_info
+from sglang_sidecar_overlay.releases import SUPPORTED_RANGE, installed_sglang_version
+from sglang_sidecar_overlay.tools.probe import wire
 from test_probe import (
     closed_port,
     feeding,

@@ -15,8 +15,8 @@ from collections.abc import Iterator
 
 import grpc
 import pytest
-from sglang_sidecar_overlay import _grpc_wire
-from sglang_sidecar_overlay.follower import start_follower_server
+from sglang_sidecar_overlay.server.follower import start_follower_server
+from sglang_sidecar_overlay.tools.probe import wire as _grpc_wire
 
 SERVING, NOT_SERVING = 1, 2
 

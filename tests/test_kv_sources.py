@@ -22,7 +22,7 @@ import zmq
 from conftest import has_ipv6_loopback
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from sglang_sidecar_overlay.kv_sources import (
+from sglang_sidecar_overlay.contract.sources import (
     SourceConflictError,
     aggregate_sources,
     describe_source,

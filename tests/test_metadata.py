@@ -6,28 +6,32 @@ import dataclasses
 import datetime
 import enum
 import json
+import re
 from pathlib import Path
 
 import jsonschema
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from sglang_sidecar_overlay.kv_sources import SourceConflictError, describe_source
-from sglang_sidecar_overlay.metadata import (
-    LEGACY_DP_SIZE_ENV,
+from sglang_sidecar_overlay.contract.redaction import (
     REDACTED,
-    build_server_info,
     is_secret_name,
-    legacy_dp_size_enabled,
-    load_schema,
-    rank_space,
     redact,
     redact_launch_command,
+    secret_name_pattern,
+)
+from sglang_sidecar_overlay.contract.schema import load_schema
+from sglang_sidecar_overlay.contract.server_info import (
+    LEGACY_DP_SIZE_ENV,
+    build_server_info,
+    legacy_dp_size_enabled,
+    rank_space,
     render_server_info,
 )
+from sglang_sidecar_overlay.contract.sources import SourceConflictError, describe_source
 
 REPO = Path(__file__).resolve().parents[1]
-PACKAGE_SCHEMA = REPO / "python" / "sglang_sidecar_overlay" / "server-info.schema.json"
+PACKAGE_SCHEMA = REPO / "python" / "sglang_sidecar_overlay" / "contract" / "server-info.schema.json"
 DOCS_SCHEMA = REPO / "docs" / "server-info.schema.json"
 
 
@@ -444,6 +448,30 @@ def test_redacted_command_never_contains_the_secret_value(words, secret):
 def test_docs_schema_is_a_byte_identical_copy_of_the_packaged_one():
     assert DOCS_SCHEMA.read_bytes() == PACKAGE_SCHEMA.read_bytes()
     assert load_schema() == json.loads(DOCS_SCHEMA.read_text(encoding="utf-8"))
+
+
+def test_schema_secret_pattern_is_generated_from_the_redaction_rule():
+    assert list(load_schema()["patternProperties"]) == [secret_name_pattern()]
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "api_key",
+        "hf_token",
+        "SSL-KEYFILE-PASSWORD",
+        "aws_secret",
+        "db_passwd",
+        "x_credentials",
+        "bucket_time_to_first_token",
+        "kt_max_deferred_experts_per_token",
+        "keyboard",
+        "tokenizer",
+    ],
+)
+def test_schema_secret_pattern_agrees_with_is_secret_name(name):
+    # JSON Schema matches the raw key; is_secret_name folds '-' to '_' and case, as the regex.
+    assert bool(re.search(secret_name_pattern(), name)) == is_secret_name(name)
 
 
 def test_schema_rejects_an_unredacted_secret(validator):

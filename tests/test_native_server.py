@@ -12,8 +12,8 @@ from pathlib import Path
 import grpc
 import pytest
 from conftest import has_ipv6_loopback
-from sglang_sidecar_overlay import _grpc_wire as wire
 from sglang_sidecar_overlay._native import MetadataServer, start_metadata_server
+from sglang_sidecar_overlay.tools.probe import wire
 
 UPSTREAM_RPCS = [
     line

@@ -19,10 +19,12 @@ import grpc
 import msgspec
 import pytest
 import zmq
-from sglang_sidecar_overlay import _grpc_wire as wire
-from sglang_sidecar_overlay import probe
-from sglang_sidecar_overlay.metadata import render_server_info
-from sglang_sidecar_overlay.selftest import StandInPublisher, node_snapshot
+from sglang_sidecar_overlay.contract.endpoints import endpoint_problems
+from sglang_sidecar_overlay.contract.server_info import render_server_info
+from sglang_sidecar_overlay.tools import probe
+from sglang_sidecar_overlay.tools.probe import wire
+from sglang_sidecar_overlay.tools.probe.listen import traffic_findings
+from sglang_sidecar_overlay.tools.selftest import StandInPublisher, node_snapshot
 
 # --- helpers shared with test_cli.py ------------------------------------------------------------
 
@@ -217,7 +219,7 @@ def test_parse_target_rejects(text: str) -> None:
     ],
 )
 def test_check_endpoint_accepts(endpoint: str) -> None:
-    assert probe.check_endpoint(endpoint) == []
+    assert endpoint_problems(endpoint) == []
 
 
 @pytest.mark.parametrize(
@@ -236,7 +238,7 @@ def test_check_endpoint_accepts(endpoint: str) -> None:
     ],
 )
 def test_check_endpoint_rejects(endpoint: object, words: str) -> None:
-    problems = probe.check_endpoint(endpoint)
+    problems = endpoint_problems(endpoint)
     assert len(problems) == 1 and words in problems[0]
 
 
@@ -430,7 +432,7 @@ def test_listen_flags_a_wrong_rank_stamp() -> None:
             traffic = probe.listen(
                 info["kv_event_sources"], 10, until=lambda ts: all(t.batches >= 2 for t in ts)
             )
-    findings = probe._traffic_findings(traffic, 10)
+    findings = traffic_findings(traffic, 10)
     errors = errors_of(findings)
     assert "stamped with rank(s) [9], advertised 3" in errors["kv_event_sources[1].dp_rank"]
 

@@ -11,7 +11,7 @@ import random
 import signal
 
 import pytest
-from sglang_sidecar_overlay.sidecar import (
+from sglang_sidecar_overlay.sidecar.supervisor import (
     BACKOFF_CAP,
     BACKOFF_JITTER,
     RestartBudget,
@@ -193,11 +193,13 @@ def test_child_imports_nothing_heavy_before_main(supervise, tmp_path) -> None:
     report = str(tmp_path / "r.json")
     sup, _ = supervise("serve", ["--report", report])
     sup.start()
-    # Only the package root (which imports logging) and the stdlib-only shim: no SGLang, no
-    # torch, none of the overlay's heavier modules.
+    # Only the package roots (logging at most) and the stdlib-only shim with its /proc
+    # helpers: no SGLang, no torch, none of the overlay's heavier modules.
     assert read_report(report)["modules"] == [
         "sglang_sidecar_overlay",
-        "sglang_sidecar_overlay._sidecar_shim",
+        "sglang_sidecar_overlay.sidecar",
+        "sglang_sidecar_overlay.sidecar.proctree",
+        "sglang_sidecar_overlay.sidecar.shim",
     ]
 
 

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 import sglang_sidecar_overlay
-from sglang_sidecar_overlay import _sidecar_shim as shim
-from sglang_sidecar_overlay.sidecar import SidecarOptions
+from sglang_sidecar_overlay.sidecar import proctree, shim
+from sglang_sidecar_overlay.sidecar.supervisor import SidecarOptions
 from sidecar_providers.harness import (
     Supervisors,
     env_with_paths,
@@ -194,8 +194,8 @@ def test_stop_sigterm_ignoring_tree_is_bounded_and_kills_grandchildren(
     grandchildren = [tuple(k) for k in got["grandchildren"]]
     keys.extend(grandchildren)
     shim_key, provider = proc_key(sup.pid), proc_key(got["pid"])
-    assert shim.group_members(sup.pid) and grandchildren[1][0] not in dict(
-        shim.group_members(sup.pid)
+    assert proctree.group_members(sup.pid) and grandchildren[1][0] not in dict(
+        proctree.group_members(sup.pid)
     )  # the second grandchild really left the group
     t0 = time.monotonic()
     sup.stop()
@@ -251,7 +251,7 @@ def test_stop_is_idempotent_and_thread_safe(supervise, tmp_path) -> None:
 
 _PARENT = """
 import json, sys, threading, time
-from sglang_sidecar_overlay.sidecar import SidecarOptions, SidecarSupervisor
+from sglang_sidecar_overlay.sidecar.supervisor import SidecarOptions, SidecarSupervisor
 report, ready = sys.argv[1], sys.argv[2]
 sup = SidecarSupervisor("sidecar_providers.grandchildren", "http://127.0.0.1:30001",
                         ["--report", report], SidecarOptions(), lambda d: None)
@@ -294,7 +294,7 @@ def _run_shim(parent_pid: int, spec: dict | None, popens: list) -> tuple[subproc
         [
             sys.executable,
             "-m",
-            "sglang_sidecar_overlay._sidecar_shim",
+            "sglang_sidecar_overlay.sidecar.shim",
             str(parent_pid),
             str(control_r),
         ],
@@ -343,7 +343,11 @@ def test_shim_exits_without_running_provider_if_parent_already_gone(reaper, tmp_
 
 _SIGTERM_PARENT = """
 import json, os, signal, sys, time
-from sglang_sidecar_overlay.sidecar import SidecarOptions, SidecarSupervisor, running_sidecar
+from sglang_sidecar_overlay.sidecar.supervisor import (
+    SidecarOptions,
+    SidecarSupervisor,
+    running_sidecar,
+)
 report, ready, mode = sys.argv[1], sys.argv[2], sys.argv[3]
 if mode == "chained":
     def previous(signum, frame):

@@ -2,7 +2,7 @@
 
 import sys
 
-from sglang_sidecar_overlay.cli import main
+from sglang_sidecar_overlay.tools.cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -17,7 +17,7 @@ import logging
 import multiprocessing
 import threading
 
-from sglang_sidecar_overlay import versions
+from sglang_sidecar_overlay import releases
 
 logger = logging.getLogger("sglang_sidecar_overlay.plugin")
 
@@ -45,12 +45,12 @@ def load() -> None:
         if "loaded" in _state:
             return
         _state["loaded"] = True
-        version = versions.installed_sglang_version()
-        adapter_name = versions.adapter_for(version) if version else None
+        version = releases.installed_sglang_version()
+        adapter_name = releases.adapter_for(version) if version else None
         if adapter_name is None:
             logger.warning(
                 "sglang-sidecar-overlay supports SGLang %s; found %s, so no hooks are installed",
-                versions.SUPPORTED_RANGE,
+                releases.SUPPORTED_RANGE,
                 version or "no SGLang",
             )
             return

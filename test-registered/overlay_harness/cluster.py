@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-from sglang_sidecar_overlay import _grpc_wire
+from sglang_sidecar_overlay.tools.probe import wire as _grpc_wire
 
 HARNESS_ROOT = Path(__file__).resolve().parent.parent
 TAG_ENV = "SGLANG_OVERLAY_TEST_NODE_TAG"

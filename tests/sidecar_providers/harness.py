@@ -11,8 +11,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from sglang_sidecar_overlay import _sidecar_shim as shim
-from sglang_sidecar_overlay.sidecar import SidecarOptions, SidecarSupervisor
+from sglang_sidecar_overlay.sidecar import proctree
+from sglang_sidecar_overlay.sidecar.supervisor import SidecarOptions, SidecarSupervisor
 
 ProcKey = tuple[int, int]
 
@@ -43,23 +43,23 @@ def read_log(path: str | Path) -> list[dict]:
 
 
 def proc_key(pid: int) -> ProcKey | None:
-    stat = shim._read_stat(pid)
+    stat = proctree._read_stat(pid)
     return None if stat is None else (pid, stat[2])
 
 
 def gone(key: ProcKey) -> bool:
     """True once the process has exited (a zombie nobody reaped counts as exited)."""
-    return not shim.is_running(key)
+    return not proctree.is_running(key)
 
 
 def kill_all(keys: list[ProcKey]) -> None:
     """Last-resort cleanup for a failed test: SIGKILL every listed process still running."""
-    shim.signal_processes([k for k in keys if not gone(k)], signal.SIGKILL)
+    proctree.signal_processes([k for k in keys if not gone(k)], signal.SIGKILL)
 
 
 def tree_of(pid: int) -> list[ProcKey]:
     key = proc_key(pid)
-    return ([key] if key else []) + shim.descendants(pid)
+    return ([key] if key else []) + proctree.descendants(pid)
 
 
 def env_with_paths(*paths: str | os.PathLike) -> dict[str, str]:

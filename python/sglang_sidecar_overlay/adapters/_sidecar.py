@@ -7,8 +7,7 @@ same way). What runs where:
   ``sglang.srt.entrypoints.sidecar.start_sidecar()`` right after the native gRPC server has
   bound its listener, and on the way out calls ``sidecar.stop()`` *before* shutting gRPC down.
   ``start_sidecar`` is wrapped (AROUND) to return a :class:`NodeSidecar` over the core
-  :class:`~sglang_sidecar_overlay.sidecar.SidecarSupervisor`, so upstream's start point and stop
-  order are kept as they are.
+  ``SidecarSupervisor``, so upstream's start point and stop order are kept as they are.
 - Follower (engine process, ``node_rank >= 1``), opt-in with ``--sidecar-on-followers`` in
   ``sidecar_args``: :func:`attach_follower_sidecar` starts the sidecar once the follower
   metadata server is SERVING, pointed at it, and only when the node owns at least one KV
@@ -29,7 +28,6 @@ its SIGTERM and grace period first and its death is never mistaken for a crash.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import signal
@@ -37,34 +35,17 @@ import threading
 import time
 from typing import Any
 
-from sglang_sidecar_overlay import versions
-from sglang_sidecar_overlay.sidecar import SidecarOptions, SidecarSupervisor, build_sidecar_endpoint
+from sglang_sidecar_overlay.adapters import _sglang
+from sglang_sidecar_overlay.sidecar.supervisor import (
+    SidecarOptions,
+    SidecarSupervisor,
+    build_sidecar_endpoint,
+)
 
 logger = logging.getLogger("sglang_sidecar_overlay.adapters.sidecar")
 
 START_SIDECAR = "sglang.srt.entrypoints.sidecar.start_sidecar"
 SIGTERM_HANDLER = "sglang.srt.managers.tokenizer_manager.SignalHandler.sigterm_handler"
-
-# Releases whose upstream sidecar passed ``--sglang-endpoint <endpoint>`` in the provider's
-# argv. 0.5.19–0.5.23 all hand the endpoint over only in SGLANG_GRPC_ENDPOINT.
-_ENDPOINT_IN_ARGV_RELEASES: frozenset[str] = frozenset()
-
-
-def sidecar_config() -> tuple[str | None, list[str]]:
-    """``(--sidecar module or None, --sidecar-args list)`` from SGLang's serving config."""
-    from sglang.srt.runtime_context import get_serving
-
-    cfg = get_serving()
-    module = getattr(cfg, "sidecar", None)
-    raw = getattr(cfg, "sidecar_args", None)
-    if isinstance(raw, str):
-        raw = json.loads(raw)
-    return (module.strip() if module else None), [str(arg) for arg in raw or []]
-
-
-def endpoint_in_argv() -> bool:
-    """Whether the installed release's contract also puts the endpoint in argv."""
-    return versions.installed_sglang_version() in _ENDPOINT_IN_ARGV_RELEASES
 
 
 def quit_server(description: str) -> None:
@@ -146,28 +127,23 @@ def _node_sidecar(module: str, args: list[str], host: str, port: int, role: str)
         provider_args,
         options,
         on_fatal=quit_server,
-        endpoint_in_argv=endpoint_in_argv(),
     )
     return NodeSidecar(supervisor, role)
 
 
 def start_leader_sidecar() -> NodeSidecar:
     """The leader's sidecar against ``--host``/``--grpc-port`` (the listener is bound)."""
-    from sglang.srt.runtime_context import get_serving
-
-    module, args = sidecar_config()
+    module, args = _sglang.sidecar_config()
     if module is None:
         raise ValueError("start_sidecar called without --sidecar")
-    cfg = get_serving()
+    cfg = _sglang.serving()
     sidecar = _node_sidecar(module, args, str(cfg.host or ""), int(cfg.grpc_port), "leader")
     sidecar.start()
     return sidecar
 
 
 def around_start_sidecar(original: Any, *args: Any, **kwargs: Any) -> Any:
-    from sglang_sidecar_overlay.adapters import _common
-
-    if _common.rust_server_enabled():
+    if _sglang.rust_server_enabled():
         return original(*args, **kwargs)
     return start_leader_sidecar()
 
@@ -189,12 +165,13 @@ def after_sigterm_handler(result: Any, *args: Any, **kwargs: Any) -> Any:
 def attach_follower_sidecar(server: Any, sources: list) -> NodeSidecar | None:
     """Start the opt-in follower sidecar against ``server`` and stop it before ``server``.
 
-    ``server`` is a SERVING :class:`~sglang_sidecar_overlay.follower.FollowerMetadataServer`;
+    ``server`` is a SERVING
+    :class:`~sglang_sidecar_overlay.server.follower.FollowerMetadataServer`;
     ``sources`` is the node's ``kv_event_sources``. Returns None when no sidecar belongs here.
     If the sidecar cannot start, the server is stopped and the error raised (the caller
     reaps the node's schedulers, as for a bind failure).
     """
-    module, args = sidecar_config()
+    module, args = _sglang.sidecar_config()
     if module is None:
         return None
     options, _ = SidecarOptions.from_args(args)
@@ -218,21 +195,9 @@ def attach_follower_sidecar(server: Any, sources: list) -> NodeSidecar | None:
     except BaseException:
         server.stop()
         raise
-    server_stop = server.stop
-
-    def stop_sidecar_then_server() -> None:
-        # The sidecar first: it must not watch its metadata server disappear.
-        try:
-            sidecar.stop()
-        except Exception:
-            logger.exception("failed to stop the follower sidecar")
-        server_stop()
-
-    # Every stop path (upstream's shutdown(), the overlay's stop(), the scheduler watcher)
-    # goes through the instance attributes.
-    server.stop = stop_sidecar_then_server
-    server.shutdown = stop_sidecar_then_server
-    server.sidecar = sidecar
+    # The sidecar first on every stop path (upstream's shutdown(), the overlay's stop(), the
+    # scheduler watcher): it must not watch its metadata server disappear.
+    server.add_before_stop(sidecar.stop)
     return sidecar
 
 

@@ -22,8 +22,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from sglang_sidecar_overlay import metadata
-from sglang_sidecar_overlay.adapters import _common, _sidecar
+from sglang_sidecar_overlay.adapters import _common, _sglang, _side_channel, _sidecar
+from sglang_sidecar_overlay.contract.server_info import render_server_info
 
 logger = logging.getLogger("sglang_sidecar_overlay.adapters.v0_5_19")
 
@@ -36,6 +36,7 @@ HTTP_LAUNCH = "sglang.srt.entrypoints.http_server.launch_server"
 SERVER_INFO_PATH = "/server_info"
 
 FOLLOWER_ATTR = "grpc_server"
+LEADER_JSON_ATTR = "_sidecar_overlay_server_info_json"
 
 
 def after_socket_setup(result: Any, publisher: Any, *args: Any, **kwargs: Any) -> None:
@@ -43,20 +44,20 @@ def after_socket_setup(result: Any, publisher: Any, *args: Any, **kwargs: Any) -
 
 
 def after_get_init_info(result: dict, scheduler: Any, *args: Any, **kwargs: Any) -> dict:
-    if not _common.native_grpc_enabled():
+    if not _sglang.native_grpc_enabled():
         return result
     sources = _common.publisher_sources(
         getattr(scheduler, "kv_events_publisher", None), _common.scheduler_block_size(scheduler)
     )
     result["kv_event_sources"] = sources
-    _common.write_side_channel(sources)
+    _side_channel.write_side_channel(sources)
     return result
 
 
 def around_launch_schedulers(original: Any, cls: Any, server_args: Any, *args: Any, **kwargs):
-    if not _common.native_grpc_enabled():
+    if not _sglang.native_grpc_enabled():
         return original(cls, server_args, *args, **kwargs)
-    channel = _common.SideChannel()
+    channel = _side_channel.SideChannel()
     try:
         init_result, procs = original(cls, server_args, *args, **kwargs)
     except BaseException:
@@ -71,17 +72,17 @@ def around_launch_schedulers(original: Any, cls: Any, server_args: Any, *args: A
         try:
             wait_for_ready()
             infos = init_result.scheduler_infos
-            sources = _common.merged_sources(infos, channel.read())
+            sources = _common.collected_sources(infos, channel.read())
         finally:
             channel.remove()
         if infos:
+            # Where 0.5.22+ puts them: the builder reads the node's sources from here.
             infos[0]["kv_event_sources"] = sources
-            # HTTP /server_info merges the scheduler info as is: give it the rank space too.
-            infos[0]["kv_event_rank_space"] = metadata.rank_space(
-                _common.server_args_dict(server_args), (s["dp_rank"] for s in sources)
-            )
-        if _common.node_rank() >= 1:
+        if _sglang.node_rank() >= 1:
             _start_follower(init_result, server_args, procs)
+        elif infos:
+            # Conflicting sources fail the launch here, not a consumer's first call.
+            _common.node_server_info(server_args, infos[0])
 
     def block_then_stop() -> None:
         try:
@@ -100,7 +101,7 @@ def _start_follower(init_result: Any, server_args: Any, procs: Any) -> None:
         server = _common.start_node_follower(server_args, init_result.scheduler_infos[0], pids)
     except BaseException:
         # The node cannot serve its metadata: do not leave its schedulers behind.
-        _common.reap(procs)
+        _sglang.reap(procs)
         raise
     setattr(init_result, FOLLOWER_ATTR, server)
 
@@ -118,8 +119,14 @@ def before_engine_shutdown(engine: Any, *args: Any, **kwargs: Any) -> None:
 
 
 def leader_server_info(handle: Any) -> str:
-    info = _common.node_server_info(handle.tokenizer_manager.server_args, handle.scheduler_info)
-    return metadata.render_server_info(info)
+    """The leader's ``json_info``: built on the first call, then served as cached text (server
+    args and ready info do not change during a launch)."""
+    cached = getattr(handle, LEADER_JSON_ATTR, None)
+    if cached is None:
+        info = _common.node_server_info(handle.tokenizer_manager.server_args, handle.scheduler_info)
+        cached = render_server_info(info)
+        setattr(handle, LEADER_JSON_ATTR, cached)
+    return cached
 
 
 def before_http_launch(*args: Any, **kwargs: Any) -> None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from sglang_sidecar_overlay.adapters import _common, _sidecar
+from sglang_sidecar_overlay.adapters import _common, _sglang, _sidecar
 
 logger = logging.getLogger("sglang_sidecar_overlay.adapters.v0_5_22")
 
@@ -36,7 +36,7 @@ _current_launch: dict[str, Any] = {}
 def around_build_server_info(
     original: Any, server_args: Any, scheduler_info: Any, *args: Any, **kwargs: Any
 ) -> dict:
-    if _common.rust_server_enabled():
+    if _sglang.rust_server_enabled():
         return original(server_args, scheduler_info, *args, **kwargs)
     return _common.node_server_info(server_args, scheduler_info)
 
@@ -44,7 +44,7 @@ def around_build_server_info(
 def around_start_follower(
     original: Any, server_args: Any, scheduler_info: Any, *args: Any, **kwargs: Any
 ) -> Any:
-    if _common.rust_server_enabled() or not _common.native_grpc_enabled():
+    if _sglang.rust_server_enabled() or not _sglang.native_grpc_enabled():
         return original(server_args, scheduler_info, *args, **kwargs)
     init_result = _current_launch.get("init_result")
     procs = _current_launch.get("procs") or []

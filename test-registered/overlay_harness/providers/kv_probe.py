@@ -20,7 +20,7 @@ import time
 
 import grpc
 import zmq
-from sglang_sidecar_overlay import _grpc_wire
+from sglang_sidecar_overlay.tools.probe import wire as _grpc_wire
 
 ENDPOINT_ENV = "SGLANG_GRPC_ENDPOINT"
 

@@ -3,7 +3,7 @@
 CPU-only: no model, no GPU and no scheduler run here. A follower node is stood in for by what
 the released consumer can see of one: a real ZMQ PUB socket bound on loopback as the node's only
 KV-event publisher (global DP rank 1), the overlay's own follower metadata server (the native
-``GetServerInfo`` + health server) serving a snapshot built by ``metadata.build_server_info`` from
+``GetServerInfo`` + health server) serving a snapshot built by the core builder from
 the server args each SGLang generation reports, and the released ``dynamo.sglang.sidecar``
 module run through the overlay's ``SidecarSupervisor`` exactly as ``--sidecar`` runs it. The
 consumer uses file discovery, the TCP request plane and the ZMQ event plane, so it needs no etcd
@@ -42,10 +42,10 @@ from unittest import mock
 import zmq
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.test_utils import CustomTestCase
-from sglang_sidecar_overlay import metadata
 from sglang_sidecar_overlay._native import MetadataServer, start_metadata_server
-from sglang_sidecar_overlay.kv_sources import describe_source
-from sglang_sidecar_overlay.sidecar import (
+from sglang_sidecar_overlay.contract import server_info
+from sglang_sidecar_overlay.contract.sources import describe_source
+from sglang_sidecar_overlay.sidecar.supervisor import (
     ENDPOINT_FLAG,
     SidecarOptions,
     SidecarSupervisor,
@@ -170,7 +170,7 @@ class TestDynamoFollowerSidecar(CustomTestCase):
             source = describe_source(1, self.bound_endpoint, "", PAGE_SIZE)
             self.assertIsNotNone(source)
             sources.append(source)
-        info = metadata.build_server_info(
+        info = server_info.build_server_info(
             server_args,
             {"status": "ready", "max_total_num_tokens": 4096},
             launch_command="python -m sglang.launch_server --nnodes 2 --node-rank 1",
@@ -179,7 +179,7 @@ class TestDynamoFollowerSidecar(CustomTestCase):
         )
         self.served_info = info
         server: MetadataServer = start_metadata_server(
-            "127.0.0.1", 0, metadata.render_server_info(info)
+            "127.0.0.1", 0, server_info.render_server_info(info)
         )
         self.addCleanup(server.shutdown)
         server.set_serving(True)
@@ -306,8 +306,8 @@ class TestDynamoFollowerSidecar(CustomTestCase):
         """It re-reads GetServerInfo while waiting: the server must outlive the sidecar."""
         server_args = {**COMMON_ARGS, **ATTENTION_DP_0521, "dist_init_addr": self.dist_init_addr}
         source = describe_source(1, self.bound_endpoint, "", PAGE_SIZE)
-        info = metadata.build_server_info(server_args, {}, kv_event_sources=[source])
-        server = start_metadata_server("127.0.0.1", 0, metadata.render_server_info(info))
+        info = server_info.build_server_info(server_args, {}, kv_event_sources=[source])
+        server = start_metadata_server("127.0.0.1", 0, server_info.render_server_info(info))
         self.addCleanup(server.shutdown)
         server.set_serving(True)
         self.start_consumer(build_sidecar_endpoint(server.host, server.port))

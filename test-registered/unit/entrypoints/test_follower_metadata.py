@@ -23,7 +23,7 @@ from overlay_harness import cluster
 from overlay_harness.cluster import EngineGroup
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.test_utils import CustomTestCase
-from sglang_sidecar_overlay import metadata
+from sglang_sidecar_overlay.contract import schema
 
 register_cpu_ci(est_time=600, suite="base-a-test-cpu")
 
@@ -33,7 +33,7 @@ class TestFollowerMetadata(CustomTestCase):
     def setUpClass(cls):
         cls._tmp = tempfile.TemporaryDirectory(prefix="overlay-model-")
         cls.model = cluster.write_tiny_model(Path(cls._tmp.name) / "tiny-llama")
-        cls.schema = metadata.load_schema()
+        cls.schema = schema.load_schema()
 
     @classmethod
     def tearDownClass(cls):

@@ -25,7 +25,8 @@ from sglang.srt.plugins.hook_registry import HookRegistry
 from sglang.srt.server_args import prepare_server_args
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.test_utils import CustomTestCase
-from sglang_sidecar_overlay import metadata, plugin
+from sglang_sidecar_overlay import plugin
+from sglang_sidecar_overlay.contract import schema, server_info
 
 register_cpu_ci(est_time=60, suite="base-a-test-cpu")
 
@@ -84,10 +85,10 @@ class TestHttpServerInfo(CustomTestCase):
         self.assertEqual(info["kv_event_rank_space"]["local_ranks"], [0, 1])
         # Upstream's HTTP-only extras survive.
         self.assertEqual(info["internal_states"], [{"stand_in": True}])
-        jsonschema.validate(info, metadata.load_schema())
+        jsonschema.validate(info, schema.load_schema())
 
     def test_legacy_dp_size_switch_reaches_http(self):
-        with mock.patch.dict(os.environ, {metadata.LEGACY_DP_SIZE_ENV: "1"}):
+        with mock.patch.dict(os.environ, {server_info.LEGACY_DP_SIZE_ENV: "1"}):
             info = self._server_info()
         self.assertEqual(info["dp_size"], 2)
 

@@ -43,7 +43,7 @@ from overlay_harness import cluster
 from overlay_harness.cluster import EngineGroup
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.test_utils import CustomTestCase
-from sglang_sidecar_overlay import versions
+from sglang_sidecar_overlay import releases
 
 register_cpu_ci(est_time=900, suite="base-a-test-cpu")
 
@@ -55,8 +55,8 @@ LEGACY_ENV = "SGLANG_SIDECAR_OVERLAY_LEGACY_DP_SIZE"
 EVENT_DEADLINE = 120.0
 CONSUMER_DEADLINE = 180.0
 STOP_DEADLINE = 90.0
-RELEASE = versions.installed_sglang_version() or ""
-ATTENTION_DP_REPORTS_DP_SIZE_1 = versions.adapter_for(RELEASE or "0") == (
+RELEASE = releases.installed_sglang_version() or ""
+ATTENTION_DP_REPORTS_DP_SIZE_1 = releases.adapter_for(RELEASE or "0") == (
     "sglang_sidecar_overlay.adapters.v0_5_22"
 )
 

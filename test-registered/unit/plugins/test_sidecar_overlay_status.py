@@ -13,7 +13,7 @@ from importlib import metadata
 
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.test_utils import CustomTestCase
-from sglang_sidecar_overlay import versions
+from sglang_sidecar_overlay import releases
 
 register_cpu_ci(est_time=20, suite="base-a-test-cpu")
 
@@ -41,7 +41,7 @@ class TestStatusWithInstalledSGLang(CustomTestCase):
         self.assertTrue(report["active"], report)
         self.assertEqual(report["sglang"]["version"], installed)
         self.assertTrue(report["sglang"]["supported"])
-        self.assertEqual(report["sglang"]["adapter"], versions.adapter_for(installed))
+        self.assertEqual(report["sglang"]["adapter"], releases.adapter_for(installed))
         self.assertTrue(report["plugin"]["entry_point_visible"])
         self.assertTrue(report["plugin"]["allowed"])
         self.assertTrue(report["native"]["importable"])

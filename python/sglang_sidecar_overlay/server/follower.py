@@ -22,7 +22,9 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
-logger = logging.getLogger("sglang_sidecar_overlay.follower")
+from sglang_sidecar_overlay.contract.endpoints import format_host_port
+
+logger = logging.getLogger("sglang_sidecar_overlay.server.follower")
 
 __all__ = ["DEFAULT_LINGER_S", "FollowerMetadataServer", "start_follower_server"]
 
@@ -51,6 +53,7 @@ class FollowerMetadataServer:
         self._wake_r, self._wake_w = os.pipe()
         self._pidfds: dict[int, int] = {}
         self._watcher: threading.Thread | None = None
+        self._before_stop: list[Callable[[], None]] = []
         self.exited_pid: int | None = None
 
     @property
@@ -63,8 +66,12 @@ class FollowerMetadataServer:
 
     @property
     def address(self) -> str:
-        host = self.host
-        return f"[{host}]:{self.port}" if ":" in host else f"{host}:{self.port}"
+        return format_host_port(self.host, self.port)
+
+    def add_before_stop(self, callback: Callable[[], None]) -> None:
+        """Run ``callback`` first on every stop path, before the server stops (last added runs
+        first). A callback that raises is logged; the server still stops."""
+        self._before_stop.insert(0, callback)
 
     def is_alive(self) -> bool:
         return self._server.is_alive()
@@ -133,6 +140,11 @@ class FollowerMetadataServer:
             if self._stopped:
                 return
             self._stopped = True
+        for callback in self._before_stop:
+            try:
+                callback()
+            except Exception:
+                logger.exception("before-stop callback of %s failed", self.address)
         with contextlib.suppress(OSError):
             os.write(self._wake_w, b"x")
         try:
@@ -175,7 +187,7 @@ def start_follower_server(
     try:
         server = start(host, port, server_info_json)
     except OSError as exc:
-        address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        address = format_host_port(host, port)
         message = str(exc)
         if address not in message:
             message = f"follower metadata server cannot bind {address}: {message}"

@@ -1,7 +1,10 @@
-"""Which SGLang releases the overlay supports and which adapter serves each one.
+"""Which SGLang releases the overlay supports, which adapter serves each one, and which of
+them CI tests: the one place these are written (the plugin, ``status``, the test-env script
+and the Makefile all read it).
 
-Pure metadata lookups: nothing here imports SGLang, so ``status`` can answer even where
-importing SGLang would take seconds or fail.
+Pure metadata lookups, standard library only: nothing here imports SGLang (so ``status`` can
+answer even where importing SGLang would take seconds or fail), and ``scripts/`` load this
+file by path before the package is installed.
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ _ADAPTER_BY_VERSION = {
 }
 
 SUPPORTED_VERSIONS = tuple(_ADAPTER_BY_VERSION)
+# The releases ``make test`` runs the SGLang tier on: the newest of each adapter generation.
+CI_RELEASES = ("0.5.21", "0.5.23")
 
 
 def release_of(version: str) -> str:

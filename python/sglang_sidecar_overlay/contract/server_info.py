@@ -1,10 +1,11 @@
-"""The one server-info builder shared by leader and follower nodes, with redaction.
+"""The one server-info builder shared by leader and follower nodes.
 
 Pure functions, no SGLang import: adapters turn SGLang's resolved server args and scheduler
 ready info into plain mappings and call ``build_server_info``, once per snapshot, in the
-process that serves ``GetServerInfo`` (engine or HTTP process). The result is redacted and
-JSON-ready; ``render_server_info`` turns it into the ``json_info`` text. The contract is
-written down in ``server-info.schema.json`` next to this module (``load_schema``).
+process that serves ``GetServerInfo`` (engine or HTTP process). It alone aggregates the
+node's sources and computes the rank space; the result is redacted (``redaction``) and
+JSON-ready, and ``render_server_info`` turns it into the ``json_info`` text. The contract's
+shape is the JSON Schema in ``schema``.
 """
 
 from __future__ import annotations
@@ -13,48 +14,28 @@ import json
 import logging
 import math
 import os
-import re
-import shlex
 from collections.abc import Iterable, Mapping
-from importlib import resources
 from typing import Any
 
 import msgspec
 
-from sglang_sidecar_overlay.kv_sources import aggregate_sources
+from sglang_sidecar_overlay.contract.redaction import redact
+from sglang_sidecar_overlay.contract.sources import aggregate_sources
 
-logger = logging.getLogger("sglang_sidecar_overlay.metadata")
+logger = logging.getLogger("sglang_sidecar_overlay.contract.server_info")
 
 __all__ = [
     "LEGACY_DP_SIZE_ENV",
-    "REDACTED",
-    "REDACTION_EXCEPTIONS",
-    "SECRET_WORDS",
     "build_server_info",
-    "is_secret_name",
     "legacy_dp_size_enabled",
-    "load_schema",
     "rank_space",
-    "redact",
-    "redact_launch_command",
     "render_server_info",
+    "to_jsonable",
 ]
 
 LEGACY_DP_SIZE_ENV = "SGLANG_SIDECAR_OVERLAY_LEGACY_DP_SIZE"
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"", "0", "false", "no", "off"})
-
-REDACTED = "<redacted>"
-SECRET_WORDS = frozenset(
-    {"key", "secret", "token", "password", "passwd", "credential", "credentials"}
-)
-# Field names of the supported releases that end in a secret word but hold no secret.
-REDACTION_EXCEPTIONS = frozenset(
-    {"bucket_time_to_first_token", "kt_max_deferred_experts_per_token"}
-)
-
-SCHEMA_RESOURCE = "server-info.schema.json"
-_ENV_ASSIGNMENT = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$", re.DOTALL)
 
 
 # --- legacy dp_size switch -------------------------------------------------------------------
@@ -187,120 +168,3 @@ def to_jsonable(value: Any) -> Any:
 def render_server_info(info: Mapping[str, Any]) -> str:
     """The ``json_info`` text: stable key order, strict JSON, non-ASCII kept as is."""
     return json.dumps(to_jsonable(info), ensure_ascii=False, allow_nan=False)
-
-
-# --- redaction ---------------------------------------------------------------------------------
-
-
-def is_secret_name(name: str) -> bool:
-    """A name whose last ``_``/``-``-separated word names a secret, minus the exceptions."""
-    normalized = name.strip().lstrip("-").replace("-", "_").lower()
-    if normalized in REDACTION_EXCEPTIONS:
-        return False
-    return normalized.rsplit("_", 1)[-1] in SECRET_WORDS
-
-
-def redact(value: Any) -> Any:
-    """A copy with secret-named keys at any depth hidden, ``launch_command`` included.
-
-    ``None`` stays ``None``: an unset secret reveals nothing, and consumers can still tell
-    "not configured" from "configured".
-    """
-    if isinstance(value, Mapping):
-        return {key: _redact_item(key, item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [redact(item) for item in value]
-    if isinstance(value, tuple):
-        return tuple(redact(item) for item in value)
-    return value
-
-
-def _redact_item(key: Any, item: Any) -> Any:
-    if isinstance(key, str) and is_secret_name(key):
-        return None if item is None else REDACTED
-    if key == "launch_command" and isinstance(item, str):
-        return redact_launch_command(item)
-    return redact(item)
-
-
-def redact_launch_command(command: str) -> str:
-    """The command line with secret ``--flag value`` / ``--flag=value`` values hidden.
-
-    Also hides ``NAME=value`` environment assignments and secret keys inside JSON-valued
-    arguments. Returns the input unchanged when nothing needed hiding.
-    """
-    try:
-        words = shlex.split(command)
-    except ValueError:
-        # Unbalanced quotes: fall back to whitespace so a secret is still found.
-        words = command.split()
-    redacted = _redact_words(words)
-    if redacted == words:
-        return command
-    return shlex.join(redacted)
-
-
-def _redact_words(words: list[str]) -> list[str]:
-    result: list[str] = []
-    hide_next = False
-    for word in words:
-        if hide_next and not word.startswith("--"):
-            result.append(REDACTED)
-            hide_next = False
-            continue
-        hide_next = (
-            word.startswith("-")
-            and "=" not in word
-            and not _has_space(word)
-            and is_secret_name(word)
-        )
-        result.append(word if hide_next else _redact_word(word))
-    return result
-
-
-def _is_bare_secret_flag(word: str) -> bool:
-    """``--api-key`` whose value is the next word."""
-    return (
-        word.startswith("-") and "=" not in word and not _has_space(word) and is_secret_name(word)
-    )
-
-
-def _redact_word(word: str) -> str:
-    """One argument: ``--flag=value``, ``NAME=value``, JSON, or a quoted nested command."""
-    name, eq, value = word.partition("=")
-    if eq and not _has_space(name) and (word.startswith("-") or _ENV_ASSIGNMENT.match(word)):
-        if is_secret_name(name):
-            return f"{name}={REDACTED}"
-        inner = _redact_word(value)
-        return word if inner == value else f"{name}={inner}"
-    if word.startswith("{"):
-        redacted_json = _redact_json_word(word)
-        if redacted_json is not None:
-            return redacted_json
-    if _has_space(word):
-        # A quoted argument can carry a whole command line of its own.
-        return redact_launch_command(word)
-    return word
-
-
-def _has_space(text: str) -> bool:
-    return any(char.isspace() for char in text)
-
-
-def _redact_json_word(word: str) -> str | None:
-    """The JSON argument with secret keys hidden; None when the word is not JSON."""
-    try:
-        parsed = json.loads(word)
-    except ValueError:
-        return None
-    cleaned = redact(parsed)
-    return word if cleaned == parsed else json.dumps(cleaned, ensure_ascii=False)
-
-
-# --- schema ------------------------------------------------------------------------------------
-
-
-def load_schema() -> dict:
-    """The JSON Schema of the server-info contract, shipped inside the package."""
-    text = resources.files(__package__).joinpath(SCHEMA_RESOURCE).read_text(encoding="utf-8")
-    return json.loads(text)

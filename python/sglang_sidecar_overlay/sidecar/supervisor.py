@@ -5,7 +5,7 @@ What runs where:
   (``sidecar-supervisor-<module>``). That thread spawns the sidecar, because PR_SET_PDEATHSIG
   follows the spawning *thread*, and then blocks on the child's pidfd (no polling interval) to
   notice an exit at once.
-- The sidecar is a fresh interpreter running ``_sidecar_shim`` (stdlib only) in a new session, so
+- The sidecar is a fresh interpreter running ``sidecar.shim`` (stdlib only) in a new session, so
   it leads its own process group before any provider code is imported. The shim forks the
   provider, which imports ``module`` and calls ``main(argv)``; the shim outlives the provider
   long enough to kill and reap whatever the provider left behind, then mirrors its exit status.
@@ -42,7 +42,8 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Literal
 
-from sglang_sidecar_overlay import _sidecar_shim as shim
+from sglang_sidecar_overlay.contract.endpoints import format_host_port, loopback_for
+from sglang_sidecar_overlay.sidecar import proctree, shim
 
 logger = logging.getLogger("sglang_sidecar_overlay.sidecar")
 
@@ -61,7 +62,7 @@ _KILL_GRACE = 1.0
 
 _BOOTSTRAP = (
     "import sys; sys.path.insert(0, sys.argv[2]); "
-    "from sglang_sidecar_overlay._sidecar_shim import main; main()"
+    "from sglang_sidecar_overlay.sidecar.shim import main; main()"
 )
 
 
@@ -72,16 +73,7 @@ def build_sidecar_endpoint(host: str, port: int) -> str:
     """
     if not 0 < int(port) < 65536:
         raise ValueError(f"sidecar endpoint port {port!r} is not in 1..65535")
-    bare = host.strip()
-    if bare.startswith("[") and bare.endswith("]"):
-        bare = bare[1:-1]
-    if bare in ("", "*", "0.0.0.0"):
-        bare = "127.0.0.1"
-    elif bare == "::":
-        bare = "::1"
-    if ":" in bare:
-        bare = f"[{bare}]"
-    return f"http://{bare}:{int(port)}"
+    return f"http://{format_host_port(loopback_for(host), int(port))}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -340,14 +332,14 @@ class SidecarSupervisor:
                 return False
             # The tree is walked before the group is signalled, while every member still has
             # its parent; the leader is unreaped, so the group id cannot have been reused.
-            table = shim.process_table()
+            table = proctree.process_table()
             strays = [
-                key for key in shim.descendants(proc.pid, table) if table[key[0]][1] != proc.pid
+                key for key in proctree.descendants(proc.pid, table) if table[key[0]][1] != proc.pid
             ]
             logger.info("sending %s to sidecar %r (group %d)", name, self.module, proc.pid)
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, sig)
-            shim.signal_processes(strays, sig)
+            proctree.signal_processes(strays, sig)
             return True
 
     # -- supervisor thread ---------------------------------------------------------------------
@@ -390,7 +382,9 @@ class SidecarSupervisor:
         if self.endpoint_in_argv:
             argv = [ENDPOINT_FLAG, self.endpoint, *argv]
         spec = {"module": self.module, "argv": argv, "sys_path": list(sys.path)}
-        package_root = os.path.dirname(os.path.dirname(os.path.abspath(shim.__file__)))
+        package_root = os.path.dirname(
+            os.path.dirname(os.path.dirname(os.path.abspath(shim.__file__)))
+        )
         control_r, control_w = os.pipe()
         try:
             with self._lock:

@@ -9,102 +9,26 @@ conflicting entries at startup, so no consumer has to discover them.
 
 from __future__ import annotations
 
-import ipaddress
 import logging
-import os
-import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-logger = logging.getLogger("sglang_sidecar_overlay.kv_sources")
+from sglang_sidecar_overlay.contract.endpoints import normalize_endpoint
+
+logger = logging.getLogger("sglang_sidecar_overlay.contract.sources")
 
 __all__ = [
     "SourceConflictError",
     "aggregate_sources",
     "describe_source",
-    "normalize_endpoint",
 ]
 
-_TCP = "tcp://"
-_IPC = "ipc://"
-_IPV4_LOOPBACK = "127.0.0.1"
-_IPV6_LOOPBACK = "::1"
-# DNS names and IPv4 literals; anything else (paths, credentials, ZMQ "src;dst") is refused.
-_HOSTNAME = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?$")
-_PORT = re.compile(r"^[0-9]{1,5}$")
 _SOURCE_KEYS = ("dp_rank", "endpoint", "topic", "block_size")
 _OPTIONAL_KEYS = ("replay_endpoint",)
 
 
 class SourceConflictError(ValueError):
     """Two KV-event sources of one node claim the same rank or the same address."""
-
-
-def normalize_endpoint(endpoint: str | None) -> str | None:
-    """The form of a bound ZMQ endpoint another local process can connect to.
-
-    ``None`` when nothing local can subscribe: no endpoint (connect-style publisher),
-    ``inproc://``, other transports, unparsable or out-of-range TCP addresses.
-    """
-    if endpoint is None:
-        return None
-    if endpoint.startswith(_TCP):
-        return _normalize_tcp(endpoint[len(_TCP) :])
-    if endpoint.startswith(_IPC):
-        return _normalize_ipc(endpoint[len(_IPC) :])
-    return None
-
-
-def _normalize_tcp(address: str) -> str | None:
-    host, sep, port_text = address.rpartition(":")
-    if not sep or not _PORT.fullmatch(port_text):
-        return None
-    port = int(port_text)
-    if not 0 < port < 65536:
-        return None
-    host = _advertisable_host(host)
-    if host is None:
-        return None
-    return f"{_TCP}{host}:{port}"
-
-
-def _advertisable_host(host: str) -> str | None:
-    """Wildcards become loopback; IPv6 literals come back bracketed; concrete hosts stay."""
-    if host == "*":
-        return _IPV4_LOOPBACK
-    bracketed = host.startswith("[") and host.endswith("]")
-    literal = host[1:-1] if bracketed else host
-    if ":" in literal:
-        return _advertisable_ipv6(literal)
-    if bracketed or not _HOSTNAME.fullmatch(literal):
-        return None
-    if literal == "0.0.0.0":
-        return _IPV4_LOOPBACK
-    return literal
-
-
-def _advertisable_ipv6(literal: str) -> str | None:
-    address, _, zone = literal.partition("%")
-    try:
-        parsed = ipaddress.IPv6Address(address)
-    except ValueError:
-        return None
-    if zone and not _HOSTNAME.fullmatch(zone):
-        return None
-    mapped = parsed.ipv4_mapped
-    if parsed.is_unspecified or (mapped is not None and mapped.is_unspecified):
-        return f"[{_IPV6_LOOPBACK}]"
-    return f"[{literal}]"
-
-
-def _normalize_ipc(path: str) -> str | None:
-    # "*" asks ZMQ to pick a temporary path; only the path read back after bind is usable.
-    if not path or path == "*" or "\x00" in path:
-        return None
-    if path.startswith("@"):
-        # Abstract socket names live in a kernel namespace, not the filesystem.
-        return f"{_IPC}{path}" if len(path) > 1 else None
-    return f"{_IPC}{os.path.abspath(path)}"
 
 
 def describe_source(

@@ -28,9 +28,9 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from sglang_sidecar_overlay import probe
+from sglang_sidecar_overlay.tools import probe
 
-logger = logging.getLogger("sglang_sidecar_overlay.selftest")
+logger = logging.getLogger("sglang_sidecar_overlay.tools.selftest")
 
 __all__ = ["Check", "SelftestReport", "StandInPublisher", "run_selftest"]
 
@@ -202,8 +202,8 @@ def _wait_for(condition: Any, timeout: float) -> bool:
 
 def node_snapshot(publishers: list[StandInPublisher], *, legacy_dp_size: bool) -> dict:
     """The server info of the simulated follower, through the core builder."""
-    from sglang_sidecar_overlay.kv_sources import describe_source
-    from sglang_sidecar_overlay.metadata import build_server_info
+    from sglang_sidecar_overlay.contract.server_info import build_server_info
+    from sglang_sidecar_overlay.contract.sources import describe_source
 
     block_size = PAGE_SIZE * DCP_SIZE
     sources = [
@@ -336,7 +336,10 @@ def _run_steps(
     host: str,
     listen_timeout: float,
 ) -> None:
-    from sglang_sidecar_overlay.metadata import legacy_dp_size_enabled, render_server_info
+    from sglang_sidecar_overlay.contract.server_info import (
+        legacy_dp_size_enabled,
+        render_server_info,
+    )
 
     described = ", ".join(
         f"rank {pub.dp_rank} {pub.bound_endpoint} (replay {pub.bound_replay_endpoint})"

@@ -82,20 +82,23 @@ def _native_status() -> dict:
 
 def collect_status(environ: Mapping[str, str] | None = None) -> dict:
     """The ``status --json`` object: what SGLang would do with the overlay on this machine."""
-    from sglang_sidecar_overlay import versions
-    from sglang_sidecar_overlay.metadata import LEGACY_DP_SIZE_ENV, legacy_dp_size_enabled
+    from sglang_sidecar_overlay import releases
+    from sglang_sidecar_overlay.contract.server_info import (
+        LEGACY_DP_SIZE_ENV,
+        legacy_dp_size_enabled,
+    )
 
     env = os.environ if environ is None else environ
     reasons: list[str] = []
 
-    version = versions.installed_sglang_version()
-    adapter = versions.adapter_for(version) if version else None
+    version = releases.installed_sglang_version()
+    adapter = releases.adapter_for(version) if version else None
     adapter_present = adapter is not None and _module_present(adapter)
     if version is None:
         reasons.append("SGLang is not installed in this Python environment")
     elif adapter is None:
         reasons.append(
-            f"SGLang {version} is not supported (supported: {versions.SUPPORTED_RANGE}); "
+            f"SGLang {version} is not supported (supported: {releases.SUPPORTED_RANGE}); "
             "the plugin logs a warning and installs nothing"
         )
     elif not adapter_present:
@@ -135,8 +138,8 @@ def collect_status(environ: Mapping[str, str] | None = None) -> dict:
             "installed": version is not None,
             "version": version,
             "supported": adapter is not None,
-            "supported_range": versions.SUPPORTED_RANGE,
-            "supported_versions": list(versions.SUPPORTED_VERSIONS),
+            "supported_range": releases.SUPPORTED_RANGE,
+            "supported_versions": list(releases.SUPPORTED_VERSIONS),
             "adapter": adapter,
             "adapter_present": adapter_present,
         },
@@ -235,7 +238,7 @@ def _verdict(ok: bool, errors: int, warnings: int) -> str:
 
 
 def cmd_probe(args: argparse.Namespace, out: TextIO) -> int:
-    from sglang_sidecar_overlay import probe
+    from sglang_sidecar_overlay.tools import probe
 
     report = probe.run_probe(
         args.target, timeout=args.timeout, listen_seconds=args.listen, strict=args.strict
@@ -260,7 +263,7 @@ def cmd_probe(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def cmd_selftest(args: argparse.Namespace, out: TextIO) -> int:
-    from sglang_sidecar_overlay import selftest
+    from sglang_sidecar_overlay.tools import selftest
 
     report = selftest.run_selftest(listen_timeout=args.timeout)
     if args.json:

@@ -1,0 +1,82 @@
+"""SGLang accessors: every read of SGLang's runtime state the adapters need, in one place.
+
+Imported only where SGLang is installed; SGLang modules are imported inside the functions,
+because the plugin loads in every SGLang process and most of them never reach these paths.
+Each function returns plain data.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+from collections.abc import Iterable
+from typing import Any
+
+
+def serving() -> Any:
+    from sglang.srt.runtime_context import get_serving
+
+    return get_serving()
+
+
+def native_grpc_enabled() -> bool:
+    """``--grpc-port`` set and neither SMG nor legacy gRPC mode: sources are advertised."""
+    cfg = serving()
+    if getattr(cfg, "grpc_port", None) is None:
+        return False
+    return not (getattr(cfg, "smg_grpc_mode", False) or getattr(cfg, "grpc_mode", False))
+
+
+def rust_server_enabled() -> bool:
+    from sglang.srt.environ import envs
+
+    return bool(envs.SGLANG_RUST_SERVER.get())
+
+
+def node_rank() -> int:
+    from sglang.srt.runtime_context import get_parallel
+
+    return int(get_parallel().node_rank or 0)
+
+
+def dcp_size() -> int:
+    from sglang.srt.runtime_context import get_parallel
+
+    return int(getattr(get_parallel(), "dcp_size", None) or 1)
+
+
+def sidecar_config() -> tuple[str | None, list[str]]:
+    """``(--sidecar module or None, --sidecar-args list)`` from SGLang's serving config."""
+    cfg = serving()
+    module = getattr(cfg, "sidecar", None)
+    raw = getattr(cfg, "sidecar_args", None)
+    if isinstance(raw, str):
+        raw = json.loads(raw)
+    return (module.strip() if module else None), [str(arg) for arg in raw or []]
+
+
+def server_args_dict(server_args: Any) -> dict:
+    resolved = getattr(server_args, "resolved_dict", None)
+    if callable(resolved):
+        return dict(resolved())
+
+    return dataclasses.asdict(server_args)
+
+
+def kv_events_descriptor(server_args: Any) -> Any:
+    try:
+        from sglang.srt.runtime_context import describe_kv_events_publisher
+    except ImportError:
+        return None
+    return describe_kv_events_publisher(server_args)
+
+
+def reap(procs: Iterable[Any]) -> None:
+    """Kill a launch's scheduler (or DP-controller) process trees after a failed start."""
+    from sglang.srt.utils import kill_process_tree
+
+    for proc in procs or []:
+        pid = getattr(proc, "pid", proc)
+        with contextlib.suppress(Exception):
+            kill_process_tree(pid, wait_timeout=60)

@@ -1,0 +1,59 @@
+"""The side channel that carries scheduler sources past the DP controller (SGLang < 0.5.22).
+
+The DP controller of 0.5.19–0.5.21 runs no plugins and rebuilds its ready message from
+scratch, dropping ``kv_event_sources``. So the engine process opens a private directory
+before its schedulers spawn, exports it in ``SOURCES_DIR_ENV``, and every scheduler of the
+launch drops its ready-time sources there (atomic rename); the engine reads them once all
+schedulers are ready and removes the directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+SOURCES_DIR_ENV = "SGLANG_SIDECAR_OVERLAY_KV_SOURCES_DIR"
+
+
+def write_side_channel(sources: list[dict]) -> None:
+    """Drop this scheduler's sources where its engine process will look (atomic rename)."""
+    directory = os.environ.get(SOURCES_DIR_ENV)
+    if not directory or not os.path.isdir(directory):
+        return
+    target = Path(directory) / f"{os.getpid()}.json"
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-")
+    with os.fdopen(fd, "w") as handle:
+        json.dump(sources, handle)
+    os.replace(tmp, target)
+
+
+class SideChannel:
+    """A private directory the launch's schedulers write their sources into.
+
+    Needed before 0.5.22: the DP controller runs no plugins there and rebuilds its ready
+    message from scratch, dropping ``kv_event_sources``.
+    """
+
+    def __init__(self) -> None:
+        self.path = tempfile.mkdtemp(prefix=f"sglang-overlay-kvsrc-{os.getpid()}-")
+        self._previous = os.environ.get(SOURCES_DIR_ENV)
+        os.environ[SOURCES_DIR_ENV] = self.path
+
+    def unexport(self) -> None:
+        """Children are spawned: keep the variable out of anything started later."""
+        if self._previous is None:
+            os.environ.pop(SOURCES_DIR_ENV, None)
+        else:
+            os.environ[SOURCES_DIR_ENV] = self._previous
+
+    def read(self) -> list[dict]:
+        sources: list[dict] = []
+        for entry in sorted(Path(self.path).glob("*.json")):
+            sources.extend(json.loads(entry.read_text()))
+        return sources
+
+    def remove(self) -> None:
+        shutil.rmtree(self.path, ignore_errors=True)

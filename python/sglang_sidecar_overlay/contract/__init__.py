@@ -1,0 +1,6 @@
+"""The server-info contract: endpoints, KV sources, the builder, redaction and the schema.
+
+Pure: nothing here imports SGLang. Data flows publisher -> ``sources.describe_source`` ->
+``sources.aggregate_sources`` -> ``server_info.build_server_info`` (the one builder, for leader
+and follower) -> ``server_info.render_server_info`` -> the metadata server.
+"""

@@ -1,0 +1,1 @@
+"""Operator tools: the ``sglang-sidecar-overlay`` CLI (``status``, ``probe``, ``selftest``)."""

@@ -1,0 +1,239 @@
+"""Subscribe to every advertised publisher like a router would, and ask each replay endpoint
+for its history: count batches, events, sequence gaps and rank stamps per rank.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from sglang_sidecar_overlay.tools.probe.report import ERROR, INFO, OK, WARNING, Finding, RankTraffic
+
+__all__ = ["listen", "traffic_findings"]
+
+_END_SEQ = -1
+# Sequence numbers are 8-byte big-endian; the replay end marker is -1 as signed.
+_SEQ_BYTES = 8
+
+
+def _decode_seq(raw: bytes) -> int | None:
+    if len(raw) != _SEQ_BYTES:
+        return None
+    return int.from_bytes(raw, "big", signed=True)
+
+
+def _reject(traffic: RankTraffic, reason: str) -> None:
+    """Count a message that does not follow SGLang's wire format, keeping the latest reason."""
+    traffic.bad_messages += 1
+    traffic.last_bad = reason
+
+
+def _record_batch(traffic: RankTraffic, seq: int, payload: bytes, *, replay: bool) -> None:
+    import msgspec
+
+    try:
+        batch = msgspec.msgpack.decode(payload)
+    except msgspec.DecodeError as exc:
+        _reject(traffic, f"payload is not msgpack: {exc}")
+        return
+    # EventBatch is array-like: [ts, events, rank?]; the rank is omitted when unset.
+    if not isinstance(batch, list) or len(batch) < 2 or not isinstance(batch[1], list):
+        _reject(traffic, "payload is not an event batch [ts, events, rank]")
+        return
+    events = len(batch[1])
+    if replay:
+        traffic.replay_batches += 1
+        traffic.replay_events += events
+    else:
+        traffic.batches += 1
+        traffic.events += events
+        if traffic._last_live_seq is not None and seq != traffic._last_live_seq + 1:
+            traffic.seq_gaps += 1
+        traffic._last_live_seq = seq
+    if traffic.highest_seq is None or seq > traffic.highest_seq:
+        traffic.highest_seq = seq
+    stamp = batch[2] if len(batch) > 2 else None
+    if stamp is None:
+        traffic.unstamped_batches += 1
+    else:
+        traffic.stamped_ranks.add(stamp)
+
+
+def _on_live(traffic: RankTraffic, frames: list[bytes]) -> None:
+    if len(frames) != 3:
+        _reject(traffic, f"live message has {len(frames)} frames, expected 3")
+        return
+    topic, seq_raw, payload = frames
+    if topic != traffic.topic.encode("utf-8"):
+        # SUB filters by prefix; a longer topic sharing the prefix is someone else's.
+        traffic.other_topics += 1
+        return
+    seq = _decode_seq(seq_raw)
+    if seq is None:
+        _reject(traffic, "sequence frame is not 8 bytes")
+        return
+    _record_batch(traffic, seq, payload, replay=False)
+
+
+def _on_replay(traffic: RankTraffic, frames: list[bytes]) -> None:
+    # DEALER sees the ROUTER's empty delimiter, then (seq, payload) before SGLang 0.5.22 or
+    # (topic, seq, payload) from 0.5.22 on; seq -1 ends the replay.
+    if frames and frames[0] == b"":
+        frames = frames[1:]
+    if len(frames) == 3:
+        seq_raw, payload = frames[1], frames[2]
+    elif len(frames) == 2:
+        seq_raw, payload = frames
+    else:
+        _reject(traffic, f"replay message has {len(frames)} frames")
+        return
+    seq = _decode_seq(seq_raw)
+    if seq is None:
+        _reject(traffic, "replay sequence frame is not 8 bytes")
+        return
+    if seq == _END_SEQ:
+        traffic.replay = "complete"
+        return
+    _record_batch(traffic, seq, payload, replay=True)
+
+
+def listen(
+    sources: Sequence[Mapping[str, Any]],
+    seconds: float,
+    *,
+    until: Callable[[list[RankTraffic]], bool] | None = None,
+) -> list[RankTraffic]:
+    """Subscribe to every source (and request replay from 0) for ``seconds``.
+
+    ``until`` may end the window early once it returns True (the selftest uses it so it
+    does not wait out a fixed window once everything it needs has arrived).
+    """
+    import zmq
+
+    traffic = [
+        RankTraffic(
+            index=index,
+            dp_rank=source.get("dp_rank"),
+            endpoint=str(source.get("endpoint")),
+            topic=str(source.get("topic") or ""),
+            replay_endpoint=source.get("replay_endpoint"),
+        )
+        for index, source in enumerate(sources)
+    ]
+    context = zmq.Context()
+    sockets: list[Any] = []
+    handlers: dict[Any, tuple[RankTraffic, Callable[[RankTraffic, list[bytes]], None]]] = {}
+    poller = zmq.Poller()
+    try:
+        for item in traffic:
+            sub = context.socket(zmq.SUB)
+            sockets.append(sub)
+            sub.setsockopt(zmq.LINGER, 0)
+            sub.setsockopt(zmq.SUBSCRIBE, item.topic.encode("utf-8"))
+            try:
+                sub.connect(item.endpoint)
+            except zmq.ZMQError as exc:
+                _reject(item, f"cannot subscribe to {item.endpoint}: {exc}")
+                continue
+            poller.register(sub, zmq.POLLIN)
+            handlers[sub] = (item, _on_live)
+            if item.replay_endpoint:
+                dealer = context.socket(zmq.DEALER)
+                sockets.append(dealer)
+                dealer.setsockopt(zmq.LINGER, 0)
+                try:
+                    dealer.connect(item.replay_endpoint)
+                except zmq.ZMQError as exc:
+                    _reject(item, f"cannot connect to {item.replay_endpoint}: {exc}")
+                    continue
+                # The ROUTER expects [identity, "", start_seq]; DEALER adds no delimiter.
+                dealer.send_multipart([b"", (0).to_bytes(_SEQ_BYTES, "big")])
+                item.replay = "requested"
+                poller.register(dealer, zmq.POLLIN)
+                handlers[dealer] = (item, _on_replay)
+        deadline = time.monotonic() + max(0.0, seconds)
+        # Nothing to poll: an empty poller returns at once and would spin until the deadline.
+        while handlers:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or (until is not None and until(traffic)):
+                break
+            for sock, _event in poller.poll(timeout=min(remaining, 0.1) * 1000):
+                item, handler = handlers[sock]
+                while True:
+                    try:
+                        frames = sock.recv_multipart(zmq.NOBLOCK)
+                    except zmq.Again:
+                        break
+                    handler(item, frames)
+    finally:
+        for sock in sockets:
+            sock.close(linger=0)
+        context.term()
+    return traffic
+
+
+def traffic_findings(traffic: Sequence[RankTraffic], seconds: float) -> list[Finding]:
+    found: list[Finding] = []
+    for item in traffic:
+        name = f"rank {item.dp_rank}"
+        prefix = f"kv_event_sources[{item.index}]"
+        summary = (
+            f"{item.batches} batches / {item.events} events live, "
+            f"{item.replay_batches} batches / {item.replay_events} events replayed, "
+            f"highest seq {item.highest_seq if item.highest_seq is not None else '-'}"
+        )
+        problems: list[Finding] = []
+        if item.rank_matches is False:
+            stamped = sorted(item.stamped_ranks)
+            problems.append(
+                Finding(
+                    ERROR,
+                    name,
+                    f"{prefix}.dp_rank",
+                    f"batches are stamped with rank(s) {stamped}, advertised {item.dp_rank}",
+                )
+            )
+        if item.bad_messages:
+            problems.append(
+                Finding(
+                    ERROR,
+                    name,
+                    f"{prefix}.endpoint",
+                    f"{item.bad_messages} undecodable message(s): {item.last_bad}",
+                )
+            )
+        if item.replay == "requested":
+            problems.append(
+                Finding(
+                    ERROR,
+                    name,
+                    f"{prefix}.replay_endpoint",
+                    f"no complete replay from {item.replay_endpoint} within {seconds:g}s",
+                )
+            )
+        if item.batches + item.replay_batches == 0:
+            problems.append(
+                Finding(WARNING, name, prefix, f"no events within {seconds:g}s (idle publisher?)")
+            )
+        if item.unstamped_batches:
+            problems.append(
+                Finding(
+                    WARNING,
+                    name,
+                    f"{prefix}.dp_rank",
+                    f"{item.unstamped_batches} batch(es) carry no rank stamp",
+                )
+            )
+        if item.seq_gaps:
+            problems.append(
+                Finding(WARNING, name, prefix, f"{item.seq_gaps} gap(s) in live sequence numbers")
+            )
+        # The summary line names the rank, not a field: problems below carry the fields.
+        if not problems:
+            stamp = "stamped rank matches" if item.rank_matches else "no rank stamp seen"
+            found.append(Finding(OK, name, None, f"{summary}, {stamp}"))
+        else:
+            found.append(Finding(INFO, name, None, summary))
+            found += problems
+    return found

@@ -1,0 +1,166 @@
+"""The probe's report model: findings, per-rank traffic, and the ``--json`` shape.
+
+``ProbeReport`` is what every probe step fills in and what the CLI renders; ``ProbeError`` is
+an expected failure to probe at all (closed port, timeout, not SGLang), one line long.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+__all__ = ["ERROR", "INFO", "OK", "WARNING", "Finding", "ProbeError", "ProbeReport", "RankTraffic"]
+
+OK = "ok"
+INFO = "info"
+WARNING = "warning"
+ERROR = "error"
+
+
+class ProbeError(Exception):
+    """The node could not be probed at all; ``kind`` says why, the message says it in one line."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+
+
+@dataclasses.dataclass
+class Finding:
+    """One line of the report: a passed check, a warning or an error about one field."""
+
+    level: str
+    check: str
+    field: str | None
+    message: str
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass
+class RankTraffic:
+    """What one advertised publisher delivered during the listen window."""
+
+    index: int
+    dp_rank: Any
+    endpoint: str
+    topic: str
+    replay_endpoint: str | None
+    batches: int = 0
+    events: int = 0
+    replay_batches: int = 0
+    replay_events: int = 0
+    replay: str = "none"
+    highest_seq: int | None = None
+    seq_gaps: int = 0
+    stamped_ranks: set = dataclasses.field(default_factory=set)
+    unstamped_batches: int = 0
+    bad_messages: int = 0
+    other_topics: int = 0
+    last_bad: str | None = None
+    _last_live_seq: int | None = None
+
+    @property
+    def rank_matches(self) -> bool | None:
+        """True when every stamped batch carried the advertised rank; None before any stamp."""
+        if not self.stamped_ranks:
+            return None
+        return self.stamped_ranks == {self.dp_rank}
+
+    def to_json(self) -> dict:
+        return {
+            "dp_rank": self.dp_rank,
+            "endpoint": self.endpoint,
+            "topic": self.topic,
+            "replay_endpoint": self.replay_endpoint,
+            "batches": self.batches,
+            "events": self.events,
+            "replay_batches": self.replay_batches,
+            "replay_events": self.replay_events,
+            "replay": self.replay,
+            "highest_seq": self.highest_seq,
+            "seq_gaps": self.seq_gaps,
+            "stamped_ranks": sorted(self.stamped_ranks),
+            "unstamped_batches": self.unstamped_batches,
+            "rank_matches": self.rank_matches,
+            "bad_messages": self.bad_messages,
+        }
+
+
+@dataclasses.dataclass
+class ProbeReport:
+    """Everything ``probe`` learned about one node."""
+
+    target: str
+    strict: bool = False
+    error: ProbeError | None = None
+    server_info: dict | None = None
+    server_info_bytes: int = 0
+    findings: list[Finding] = dataclasses.field(default_factory=list)
+    health: dict | None = None
+    listen_seconds: float | None = None
+    traffic: list[RankTraffic] = dataclasses.field(default_factory=list)
+
+    def count(self, level: str) -> int:
+        return sum(1 for finding in self.findings if finding.level == level)
+
+    @property
+    def ok(self) -> bool:
+        """Nothing wrong: no error, and no warning either when ``strict``."""
+        if self.error is not None or self.count(ERROR):
+            return False
+        return not (self.strict and self.count(WARNING))
+
+    def exit_code(self) -> int:
+        """0 all good, 1 the node answered but something is wrong, 3 it could not be probed."""
+        if self.error is not None:
+            return 3
+        return 0 if self.ok else 1
+
+    def to_json(self) -> dict:
+        """The stable ``probe --json`` object (documented in the operator guide)."""
+        return {
+            "target": self.target,
+            "ok": self.ok,
+            "strict": self.strict,
+            "error": (
+                None
+                if self.error is None
+                else {"kind": self.error.kind, "message": self.error.message}
+            ),
+            "server_info": self._summary(),
+            "health": self.health,
+            "checks": [finding.to_json() for finding in self.findings],
+            "errors": self.count(ERROR),
+            "warnings": self.count(WARNING),
+            "listen": (
+                None
+                if self.listen_seconds is None
+                else {
+                    "seconds": self.listen_seconds,
+                    "ranks": [traffic.to_json() for traffic in self.traffic],
+                }
+            ),
+        }
+
+    def _summary(self) -> dict | None:
+        if self.server_info is None:
+            return None
+        info = self.server_info
+        keys = (
+            "node_rank",
+            "nnodes",
+            "dist_init_addr",
+            "dp_size",
+            "attn_dp_size",
+            "enable_dp_attention",
+            "disaggregation_mode",
+            "kv_event_rank_space",
+            "kv_events",
+            "kv_event_sources",
+        )
+        summary = {key: info.get(key) for key in keys}
+        summary["bytes"] = self.server_info_bytes
+        return summary
