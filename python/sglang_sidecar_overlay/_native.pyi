@@ -4,6 +4,9 @@ from types import TracebackType
 
 __version__: str
 
+DEFAULT_LIMITS: dict[str, int | float]
+"""The default of every limit keyword of :func:`start_metadata_server`, by keyword."""
+
 class MetadataServer:
     """A running follower metadata server (GetServerInfo + grpc.health.v1)."""
 
@@ -22,5 +25,44 @@ class MetadataServer:
         tb: TracebackType | None,
     ) -> bool: ...
 
-def start_metadata_server(host: str, port: int, server_info_json: str) -> MetadataServer: ...
+def start_metadata_server(
+    host: str,
+    port: int,
+    server_info_json: str,
+    *,
+    max_connections: int = 256,
+    handshake_timeout_s: float = 5.0,
+    max_request_bytes: int = 4096,
+    max_message_bytes: int = 4096,
+    max_concurrent_streams: int = 100,
+    max_header_list_bytes: int = 16384,
+    request_timeout_s: float = 10.0,
+    keepalive_interval_s: float = 30.0,
+    keepalive_timeout_s: float = 10.0,
+    tcp_keepalive_s: float = 60.0,
+) -> MetadataServer:
+    """Start a follower metadata server on (host, port) answering GetServerInfo with
+    ``server_info_json``; binds before returning (port 0 picks a free port).
+
+    Every limit bounds what an unauthenticated client on the network can make this process
+    hold; none can be switched off. Counts and sizes take integers from 1 to 2**30, durations
+    seconds above 0 and at most 86400; anything else raises ValueError naming the keyword and
+    the value. The defaults are in ``DEFAULT_LIMITS``.
+
+    - ``max_connections``: open TCP connections, handshaking ones included; one more is
+      closed as soon as it is accepted.
+    - ``handshake_timeout_s``: a connection that has not sent the HTTP/2 client preface by
+      then is closed (garbage, HTTP/1.1 and slow clients never reach the HTTP/2 stack).
+    - ``max_request_bytes``: total bytes of a GetServerInfo request body (its message is
+      empty); a larger body is refused with RESOURCE_EXHAUSTED without reading the rest.
+    - ``max_message_bytes``: largest gRPC message any service decodes (GetServerInfo and
+      grpc.health.v1); larger is refused as soon as its 5-byte header arrives.
+    - ``max_concurrent_streams``: HTTP/2 streams (calls, health watches) per connection.
+    - ``max_header_list_bytes``: HTTP/2 header list size; larger requests are refused.
+    - ``request_timeout_s``: longest a call may take to be answered.
+    - ``keepalive_interval_s`` / ``keepalive_timeout_s``: an HTTP/2 PING is sent that often
+      and the connection closed if it is not acknowledged in time.
+    - ``tcp_keepalive_s``: TCP keepalive idle time (then 4 probes, ``tcp_keepalive_s / 4``
+      apart), so peers that vanished are reaped.
+    """
 def build_info() -> dict[str, object]: ...

@@ -6,6 +6,9 @@
 //! transport alone: on a small machine the client shares cores with the server under test, and
 //! a cheaper client keeps the comparison about the servers.
 //!
+//! With `--calls N` each client instead makes exactly N calls, every one counted (a soak: the
+//! duration and warm-up are ignored).
+//!
 //! Prints one JSON object: throughput, latency percentiles, bytes per response, errors.
 
 use std::process::ExitCode;
@@ -21,7 +24,7 @@ const GET_SERVER_INFO: &str = "/sglang.runtime.v1.SglangService/GetServerInfo";
 const MAX_MESSAGE: usize = 64 * 1024 * 1024;
 
 const USAGE: &str = "usage: bench-client --target HOST:PORT [--concurrency N] [--duration SECS] \
-[--warmup SECS] [--threads N] [--expect-bytes N]";
+[--warmup SECS] [--threads N] [--expect-bytes N] [--calls N]";
 
 #[derive(Debug, Clone)]
 struct Args {
@@ -31,6 +34,8 @@ struct Args {
     warmup: Duration,
     threads: usize,
     expect_bytes: Option<usize>,
+    /// Calls per client; replaces the timed warm-up and measurement when set.
+    calls: Option<u64>,
 }
 
 fn parse_args(mut argv: impl Iterator<Item = String>) -> Result<Args, String> {
@@ -41,6 +46,7 @@ fn parse_args(mut argv: impl Iterator<Item = String>) -> Result<Args, String> {
         warmup: Duration::from_secs(1),
         threads: 1,
         expect_bytes: None,
+        calls: None,
     };
     while let Some(flag) = argv.next() {
         let value = argv.next().ok_or_else(|| format!("{flag} needs a value"))?;
@@ -56,14 +62,15 @@ fn parse_args(mut argv: impl Iterator<Item = String>) -> Result<Args, String> {
             "--warmup" => args.warmup = Duration::from_secs_f64(number()?),
             "--threads" => args.threads = number()? as usize,
             "--expect-bytes" => args.expect_bytes = Some(number()? as usize),
+            "--calls" => args.calls = Some(number()? as u64),
             _ => return Err(format!("unknown option {flag:?}")),
         }
     }
     if args.target.is_empty() {
         return Err("--target is required".into());
     }
-    if args.concurrency == 0 || args.threads == 0 {
-        return Err("--concurrency and --threads must be at least 1".into());
+    if args.concurrency == 0 || args.threads == 0 || args.calls == Some(0) {
+        return Err("--concurrency, --threads and --calls must be at least 1".into());
     }
     Ok(args)
 }
@@ -130,14 +137,17 @@ async fn run_client(
     measure_from: Instant,
     measure_until: Instant,
     expect_bytes: Option<usize>,
+    calls: Option<u64>,
 ) -> ClientResult {
     let mut grpc = tonic::client::Grpc::new(channel).max_decoding_message_size(MAX_MESSAGE);
     let mut result = ClientResult::default();
+    let mut made = 0u64;
     loop {
         let started = Instant::now();
-        if started >= measure_until {
+        if calls.map_or(started >= measure_until, |calls| made >= calls) {
             return result;
         }
+        made += 1;
         let outcome = call(&mut grpc).await;
         let ended = Instant::now();
         if started < measure_from || ended > measure_until {
@@ -183,12 +193,16 @@ async fn run(args: Args) -> Result<serde_json::Value, String> {
             .map_err(|e| format!("cannot connect to {}: {e}", args.target))?;
         channels.push(channel);
     }
-    let measure_from = Instant::now() + args.warmup;
-    let measure_until = measure_from + args.duration;
-    let expect = args.expect_bytes;
+    let started = Instant::now();
+    let (measure_from, measure_until) = match args.calls {
+        // Every call counts, however long the soak takes.
+        Some(_) => (started, started + Duration::from_secs(86_400 * 365)),
+        None => (started + args.warmup, started + args.warmup + args.duration),
+    };
+    let (expect, calls) = (args.expect_bytes, args.calls);
     let tasks: Vec<_> = channels
         .into_iter()
-        .map(|ch| tokio::spawn(run_client(ch, measure_from, measure_until, expect)))
+        .map(|ch| tokio::spawn(run_client(ch, measure_from, measure_until, expect, calls)))
         .collect();
     let mut latencies = Vec::new();
     let (mut errors, mut wrong_size, mut response_bytes) = (0u64, 0u64, 0usize);
@@ -202,7 +216,10 @@ async fn run(args: Args) -> Result<serde_json::Value, String> {
         first_error = first_error.or(r.first_error);
     }
     latencies.sort_unstable();
-    let seconds = args.duration.as_secs_f64();
+    let seconds = match args.calls {
+        Some(_) => started.elapsed().as_secs_f64(),
+        None => args.duration.as_secs_f64(),
+    };
     let mean_us = if latencies.is_empty() {
         f64::NAN
     } else {
@@ -281,6 +298,8 @@ mod tests {
             "2",
             "--expect-bytes",
             "20480",
+            "--calls",
+            "7",
         ])
         .unwrap();
         assert_eq!(a.target, "127.0.0.1:5");
@@ -289,6 +308,7 @@ mod tests {
         assert_eq!(a.warmup, Duration::ZERO);
         assert_eq!(a.threads, 2);
         assert_eq!(a.expect_bytes, Some(20480));
+        assert_eq!(a.calls, Some(7));
     }
 
     #[test]

@@ -3,11 +3,14 @@
 //! Every blocking call releases the GIL, and the server threads never take it, so a busy
 //! SGLang process and the metadata server do not slow each other down.
 
+use std::time::Duration;
+
 use pyo3::exceptions::{PyOSError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::PyDict;
+use pyo3::types::{PyBool, PyDict};
 
 use crate::address::parse_bind_address;
+use crate::limits::{self, Limits};
 use crate::server::{MetadataServer, ServerOptions, StartError};
 
 /// A running follower metadata server (GetServerInfo + grpc.health.v1).
@@ -63,17 +66,81 @@ impl PyMetadataServer {
 
 /// Start a follower metadata server bound to (host, port) that answers GetServerInfo with
 /// `server_info_json`. Binding happens before this returns; port 0 picks a free port.
+/// The keyword-only limits are documented in `_native.pyi`; their defaults are
+/// `DEFAULT_LIMITS`, and a bad value raises ValueError naming it.
 #[pyfunction]
+#[pyo3(signature = (
+    host,
+    port,
+    server_info_json,
+    *,
+    max_connections = None,
+    handshake_timeout_s = None,
+    max_request_bytes = None,
+    max_message_bytes = None,
+    max_concurrent_streams = None,
+    max_header_list_bytes = None,
+    request_timeout_s = None,
+    keepalive_interval_s = None,
+    keepalive_timeout_s = None,
+    tcp_keepalive_s = None,
+))]
+#[allow(clippy::too_many_arguments)]
 fn start_metadata_server(
     py: Python<'_>,
     host: &str,
     port: i64,
     server_info_json: String,
+    max_connections: Option<Bound<'_, PyAny>>,
+    handshake_timeout_s: Option<Bound<'_, PyAny>>,
+    max_request_bytes: Option<Bound<'_, PyAny>>,
+    max_message_bytes: Option<Bound<'_, PyAny>>,
+    max_concurrent_streams: Option<Bound<'_, PyAny>>,
+    max_header_list_bytes: Option<Bound<'_, PyAny>>,
+    request_timeout_s: Option<Bound<'_, PyAny>>,
+    keepalive_interval_s: Option<Bound<'_, PyAny>>,
+    keepalive_timeout_s: Option<Bound<'_, PyAny>>,
+    tcp_keepalive_s: Option<Bound<'_, PyAny>>,
 ) -> PyResult<PyMetadataServer> {
     let addr =
         parse_bind_address(host, port).map_err(|err| PyValueError::new_err(err.to_string()))?;
+    let mut l = Limits::default();
+    l.max_connections = count_arg("max_connections", max_connections, l.max_connections)?;
+    l.handshake_timeout = seconds_arg(
+        "handshake_timeout_s",
+        handshake_timeout_s,
+        l.handshake_timeout,
+    )?;
+    l.max_request_bytes = count_arg("max_request_bytes", max_request_bytes, l.max_request_bytes)?;
+    l.max_message_bytes = count_arg("max_message_bytes", max_message_bytes, l.max_message_bytes)?;
+    l.max_concurrent_streams = count_arg(
+        "max_concurrent_streams",
+        max_concurrent_streams,
+        l.max_concurrent_streams as usize,
+    )? as u32;
+    l.max_header_list_bytes = count_arg(
+        "max_header_list_bytes",
+        max_header_list_bytes,
+        l.max_header_list_bytes as usize,
+    )? as u32;
+    l.request_timeout = seconds_arg("request_timeout_s", request_timeout_s, l.request_timeout)?;
+    l.keepalive_interval = seconds_arg(
+        "keepalive_interval_s",
+        keepalive_interval_s,
+        l.keepalive_interval,
+    )?;
+    l.keepalive_timeout = seconds_arg(
+        "keepalive_timeout_s",
+        keepalive_timeout_s,
+        l.keepalive_timeout,
+    )?;
+    l.tcp_keepalive = seconds_arg("tcp_keepalive_s", tcp_keepalive_s, l.tcp_keepalive)?;
+    let options = ServerOptions {
+        limits: l,
+        ..ServerOptions::default()
+    };
     let server = py
-        .detach(|| MetadataServer::start(addr, server_info_json, &ServerOptions::default()))
+        .detach(|| MetadataServer::start(addr, server_info_json, &options))
         .map_err(start_error_to_py)?;
     let bound = server.local_addr();
     Ok(PyMetadataServer {
@@ -81,6 +148,67 @@ fn start_metadata_server(
         port: bound.port(),
         server,
     })
+}
+
+/// An integer limit; anything else (a float, a bool, a string, out of range) is a ValueError
+/// that names the keyword and shows the value as Python would.
+fn count_arg(
+    name: &'static str,
+    value: Option<Bound<'_, PyAny>>,
+    default: usize,
+) -> PyResult<usize> {
+    let Some(value) = value else {
+        return Ok(default);
+    };
+    let parsed = if value.is_instance_of::<PyBool>() {
+        None
+    } else {
+        value.extract::<i64>().ok()
+    };
+    match parsed {
+        Some(number) => {
+            limits::count(name, number).map_err(|err| bad_value(name, &value, err.expected))
+        }
+        None => Err(bad_value(
+            name,
+            &value,
+            "expected an integer from 1 to 1073741824",
+        )),
+    }
+}
+
+/// A duration in seconds (int or float).
+fn seconds_arg(
+    name: &'static str,
+    value: Option<Bound<'_, PyAny>>,
+    default: Duration,
+) -> PyResult<Duration> {
+    let Some(value) = value else {
+        return Ok(default);
+    };
+    let parsed = if value.is_instance_of::<PyBool>() {
+        None
+    } else {
+        value.extract::<f64>().ok()
+    };
+    match parsed {
+        Some(seconds) => {
+            limits::seconds(name, seconds).map_err(|err| bad_value(name, &value, err.expected))
+        }
+        None => Err(bad_value(
+            name,
+            &value,
+            "expected seconds above 0 and at most 86400",
+        )),
+    }
+}
+
+fn bad_value(name: &str, value: &Bound<'_, PyAny>, expected: &str) -> PyErr {
+    let shown = value
+        .repr()
+        .map(|repr| repr.to_string())
+        .unwrap_or_else(|_| "<unprintable>".into());
+    PyValueError::new_err(format!("{name}={shown} is invalid: {expected}"))
 }
 
 fn start_error_to_py(err: StartError) -> PyErr {
@@ -114,6 +242,15 @@ fn build_info(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    let defaults = PyDict::new(m.py());
+    for (name, value) in Limits::default().as_pairs() {
+        if name.ends_with("_s") {
+            defaults.set_item(name, value)?;
+        } else {
+            defaults.set_item(name, value as u64)?;
+        }
+    }
+    m.add("DEFAULT_LIMITS", defaults)?;
     m.add_class::<PyMetadataServer>()?;
     m.add_function(wrap_pyfunction!(start_metadata_server, m)?)?;
     m.add_function(wrap_pyfunction!(build_info, m)?)?;

@@ -15,21 +15,33 @@ use std::time::Duration;
 use tokio::runtime::{Handle, Runtime};
 use tokio::sync::watch;
 use tonic::transport::Server;
-use tonic::transport::server::TcpIncoming;
 use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
 
 use crate::SGLANG_SERVICE;
+use crate::incoming::{AcceptLimits, bounded_incoming};
+use crate::limits::Limits;
 use crate::service::SnapshotService;
 
 /// Health is reported under both the overall ("") and the SGLang service name.
 const HEALTH_SERVICES: [&str; 2] = ["", SGLANG_SERVICE];
+
+/// HTTP/2 receive windows. Legitimate requests are a few bytes, so 64 KiB per stream and per
+/// connection caps what a client can make the server hold before it reads:
+/// `max_connections` × 64 KiB in total.
+const RECEIVE_WINDOW: u32 = 64 * 1024;
+/// RST_STREAMs this server may send on one connection because of client errors before it
+/// answers with GOAWAY (tonic passes None, which would leave this unbounded).
+const MAX_LOCAL_ERROR_RESETS: usize = 1024;
+/// Streams a client may open and reset before the server reads them (rapid reset).
+const MAX_PENDING_ACCEPT_RESETS: usize = 20;
 
 #[derive(Debug, Clone)]
 pub struct ServerOptions {
     pub worker_threads: usize,
     /// How long in-flight calls may finish after shutdown begins before connections are cut.
     pub shutdown_grace: Duration,
+    pub limits: Limits,
 }
 
 impl Default for ServerOptions {
@@ -37,6 +49,7 @@ impl Default for ServerOptions {
         Self {
             worker_threads: 2,
             shutdown_grace: Duration::from_millis(500),
+            limits: Limits::default(),
         }
     }
 }
@@ -70,16 +83,22 @@ impl fmt::Display for StartError {
 
 impl std::error::Error for StartError {}
 
-/// Rejects anything a consumer's JSON-object parser would reject.
+/// Rejects anything a consumer's JSON-object parser would reject, including nesting deeper
+/// than serde_json's recursion limit of 128 (which Rust consumers parse with). The error quotes
+/// the start of the value (at most 40 characters), so a caller sees what it passed.
 pub fn validate_snapshot(json: &str) -> Result<(), StartError> {
+    let invalid = |reason: String| {
+        let start: String = json.chars().take(40).collect();
+        let more = if start.len() < json.len() { "..." } else { "" };
+        StartError::InvalidJson(format!("{start:?}{more}: {reason}"))
+    };
     if !json.trim_start().starts_with('{') {
-        return Err(StartError::InvalidJson(
-            "the top-level value must be an object".into(),
-        ));
+        return Err(invalid("the top-level value must be an object".into()));
     }
-    serde_json::from_str::<serde::de::IgnoredAny>(json)
+    // A full `Value`, not `IgnoredAny`: only the former enforces the recursion limit.
+    serde_json::from_str::<serde_json::Value>(json)
         .map(|_| ())
-        .map_err(|err| StartError::InvalidJson(err.to_string()))
+        .map_err(|err| invalid(err.to_string()))
 }
 
 /// A running metadata server. Dropping it shuts it down.
@@ -105,15 +124,21 @@ impl MetadataServer {
             .local_addr()
             .map_err(|source| StartError::Bind { addr, source })?;
         let runtime = build_runtime(options.worker_threads)?;
+        let limits = options.limits.clone();
         let (health, health_service) = tonic_health::server::health_reporter();
+        let health_service = health_service.max_decoding_message_size(limits.max_message_bytes);
         let (stop, stop_rx) = watch::channel(false);
-        let sglang_service = SnapshotService::new(snapshot);
-
-        let incoming = {
+        let sglang_service =
+            SnapshotService::new(snapshot, limits.max_request_bytes, limits.max_message_bytes);
+        let listener = {
             let _guard = runtime.enter();
-            let listener = tokio::net::TcpListener::from_std(listener)
-                .map_err(|source| StartError::Bind { addr, source })?;
-            TcpIncoming::from(listener).with_nodelay(Some(true))
+            tokio::net::TcpListener::from_std(listener)
+                .map_err(|source| StartError::Bind { addr, source })?
+        };
+        let accept_limits = AcceptLimits {
+            max_connections: limits.max_connections,
+            handshake_timeout: limits.handshake_timeout,
+            tcp_keepalive: limits.tcp_keepalive,
         };
         let grace = options.shutdown_grace;
         let handle = runtime.handle().clone();
@@ -122,13 +147,14 @@ impl MetadataServer {
         let thread = std::thread::Builder::new()
             .name("overlay-grpc".into())
             .spawn(move || {
-                let router = Server::builder()
+                let router = bounded_builder(&limits)
                     .add_service(health_service)
                     .add_service(sglang_service);
                 runtime.block_on(async move {
                     // tonic-health starts "" as SERVING; flip it before the first accept, and
                     // before start() returns so a set_serving(true) cannot be overwritten.
                     set_status(&initial_health, ServingStatus::NotServing).await;
+                    let incoming = bounded_incoming(listener, accept_limits, stop_rx.clone());
                     let _ = ready_tx.send(());
                     serve_until_stopped(router, incoming, stop_rx, grace).await;
                 });
@@ -197,6 +223,21 @@ impl Drop for MetadataServer {
     }
 }
 
+/// The HTTP/2 side of the limits; the accept side lives in [`crate::incoming`].
+fn bounded_builder(limits: &Limits) -> Server {
+    Server::builder()
+        .max_concurrent_streams(limits.max_concurrent_streams)
+        .http2_max_header_list_size(limits.max_header_list_bytes)
+        .timeout(limits.request_timeout)
+        .http2_keepalive_interval(Some(limits.keepalive_interval))
+        .http2_keepalive_timeout(Some(limits.keepalive_timeout))
+        .initial_stream_window_size(RECEIVE_WINDOW)
+        .initial_connection_window_size(RECEIVE_WINDOW)
+        .http2_adaptive_window(Some(false))
+        .http2_max_local_error_reset_streams(Some(MAX_LOCAL_ERROR_RESETS))
+        .http2_max_pending_accept_reset_streams(Some(MAX_PENDING_ACCEPT_RESETS))
+}
+
 fn bind(addr: SocketAddr) -> Result<StdTcpListener, StartError> {
     let listener =
         StdTcpListener::bind(addr).map_err(|source| StartError::Bind { addr, source })?;
@@ -224,7 +265,7 @@ async fn set_status(health: &HealthReporter, status: ServingStatus) {
 
 async fn serve_until_stopped(
     router: tonic::transport::server::Router,
-    incoming: TcpIncoming,
+    incoming: impl tokio_stream::Stream<Item = io::Result<crate::incoming::Conn>>,
     stop: watch::Receiver<bool>,
     grace: Duration,
 ) {

@@ -4,16 +4,21 @@
 //! `GetServerInfoResponse`) is encoded once at start-up and every call hands out a reference
 //! to the same bytes: no per-call allocation, encoding or copy, which is what dominates with
 //! megabyte snapshots. Every other method answers UNIMPLEMENTED.
+//!
+//! The request (an empty message) is read frame by frame and counted, never collected: a body
+//! larger than `max_request_bytes`, or a message header announcing more than
+//! `max_message_bytes`, is answered RESOURCE_EXHAUSTED at once and the rest is not read.
 
 use std::convert::Infallible;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use bytes::{BufMut, Bytes, BytesMut};
+use bytes::{Buf, BufMut, Bytes, BytesMut};
 use http::{HeaderMap, HeaderValue, Request, Response};
 use http_body::Frame;
 use http_body_util::BodyExt;
 use prost::Message;
+use tonic::Status;
 use tonic::body::Body;
 use tonic::server::NamedService;
 use tower_service::Service;
@@ -27,10 +32,12 @@ const GET_SERVER_INFO: &str = "/sglang.runtime.v1.SglangService/GetServerInfo";
 #[derive(Clone)]
 pub struct SnapshotService {
     framed_reply: Bytes,
+    max_request_bytes: usize,
+    max_message_bytes: usize,
 }
 
 impl SnapshotService {
-    pub fn new(json_info: String) -> Self {
+    pub fn new(json_info: String, max_request_bytes: usize, max_message_bytes: usize) -> Self {
         let message = GetServerInfoResponse { json_info };
         let mut frame = BytesMut::with_capacity(5 + message.encoded_len());
         frame.put_u8(0); // not compressed
@@ -40,6 +47,8 @@ impl SnapshotService {
             .expect("buffer sized to the message");
         Self {
             framed_reply: frame.freeze(),
+            max_request_bytes,
+            max_message_bytes,
         }
     }
 }
@@ -63,12 +72,109 @@ impl Service<Request<Body>> for SnapshotService {
             return Box::pin(async move { Ok(status.into_http()) });
         }
         let reply = self.framed_reply.clone();
+        let mut reader = RequestReader::new(self.max_request_bytes, self.max_message_bytes);
         Box::pin(async move {
-            // Read the (empty) request to its end so the stream closes normally rather than
-            // being reset under a client that is still sending.
-            let _ = request.into_body().collect().await;
-            Ok(ok_response(reply))
+            // The (empty) request is read to its end so the stream closes normally rather
+            // than being reset under a client that is still sending, unless it breaks a limit.
+            let mut body = request.into_body();
+            while let Some(frame) = body.frame().await {
+                let Ok(frame) = frame else {
+                    // The client reset the stream; nobody reads this answer.
+                    return Ok(Status::cancelled("request body aborted").into_http());
+                };
+                if let Ok(data) = frame.into_data()
+                    && let Err(status) = reader.feed(data)
+                {
+                    return Ok(status.into_http());
+                }
+            }
+            match reader.finish() {
+                Ok(()) => Ok(ok_response(reply)),
+                Err(status) => Ok(status.into_http()),
+            }
         })
+    }
+}
+
+/// Follows the gRPC length-prefixed framing of a request body while counting it, so limits
+/// are enforced on the first frame that crosses them and message bodies are never buffered.
+#[derive(Debug)]
+pub struct RequestReader {
+    max_request_bytes: usize,
+    max_message_bytes: usize,
+    seen: usize,
+    header: [u8; 5],
+    header_len: usize,
+    /// Bytes of the current message body still to skip.
+    remaining: usize,
+}
+
+impl RequestReader {
+    pub fn new(max_request_bytes: usize, max_message_bytes: usize) -> Self {
+        Self {
+            max_request_bytes,
+            max_message_bytes,
+            seen: 0,
+            header: [0; 5],
+            header_len: 0,
+            remaining: 0,
+        }
+    }
+
+    pub fn feed(&mut self, mut data: Bytes) -> Result<(), Status> {
+        self.seen = self.seen.saturating_add(data.len());
+        if self.seen > self.max_request_bytes {
+            return Err(Status::resource_exhausted(format!(
+                "GetServerInfo request body exceeds {} bytes (max_request_bytes)",
+                self.max_request_bytes
+            )));
+        }
+        while data.has_remaining() {
+            if self.remaining > 0 {
+                let skip = self.remaining.min(data.remaining());
+                data.advance(skip);
+                self.remaining -= skip;
+                continue;
+            }
+            let take = (5 - self.header_len).min(data.remaining());
+            data.copy_to_slice(&mut self.header[self.header_len..self.header_len + take]);
+            self.header_len += take;
+            if self.header_len < 5 {
+                continue;
+            }
+            self.header_len = 0;
+            if self.header[0] > 1 {
+                return Err(Status::invalid_argument(format!(
+                    "malformed gRPC message: compression flag {} is neither 0 nor 1",
+                    self.header[0]
+                )));
+            }
+            let length = u32::from_be_bytes([
+                self.header[1],
+                self.header[2],
+                self.header[3],
+                self.header[4],
+            ]) as usize;
+            if length > self.max_message_bytes {
+                return Err(Status::resource_exhausted(format!(
+                    "GetServerInfo request message of {length} bytes exceeds {} bytes \
+                     (max_message_bytes)",
+                    self.max_message_bytes
+                )));
+            }
+            self.remaining = length;
+        }
+        Ok(())
+    }
+
+    /// The body ended: a message cut short is malformed.
+    pub fn finish(&self) -> Result<(), Status> {
+        if self.header_len > 0 || self.remaining > 0 {
+            return Err(Status::invalid_argument(
+                "malformed gRPC request: the body ends inside a message",
+            ));
+        }
+        Ok(())
     }
 }
 

@@ -1,0 +1,702 @@
+"""Hostile clients of a metadata server, and how to watch the server while they run.
+
+Shared by ``tests/test_hostile_input.py`` (this project's server, assertions on behaviour) and
+``scripts/hostile.py`` (this project's and upstream SGLang's, side by side, into
+``docs/hostile-input.md``). Every pattern talks to a real server over loopback with real
+sockets, and every loop in it is bounded in count and in time.
+
+The server runs in its own process (``python hostile_patterns.py _serve KIND SIZE [EXTENSION]``)
+so its resident memory can be read from ``/proc`` while the patterns run in this one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import resource
+import selectors
+import socket
+import statistics
+import struct
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+GET_SERVER_INFO = "/sglang.runtime.v1.SglangService/GetServerInfo"
+PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+MIB = 1024 * 1024
+
+# --- the server under test, in its own process ----------------------------------------------
+
+
+def snapshot(size: int) -> str:
+    """A JSON object of exactly ``size`` bytes."""
+    head, tail = '{"pad":"', '"}'
+    return head + "x" * (size - len(head) - len(tail)) + tail
+
+
+def _serve_main(kind: str, size: int, extension: str | None) -> None:
+    """Child process: start one server on a free port, report it, serve until stdin closes."""
+    json_info = snapshot(size)
+    if kind == "ours":
+        from sglang_sidecar_overlay._native import start_metadata_server
+
+        server = start_metadata_server("127.0.0.1", 0, json_info)
+        port, stop = server.port, server.shutdown
+    else:
+        # Upstream's extension is loaded the way the benchmark loads it.
+        port, stop = _bench().load_starter(kind, extension or "")(json_info, 0)
+    print(json.dumps({"port": port}), flush=True)
+    sys.stdin.read()
+    stop()
+
+
+def response_message_len(json_info: str) -> int:
+    """Bytes of the encoded ``GetServerInfoResponse{json_info}`` (field 1, length-delimited)."""
+    size = len(json_info.encode())
+    varint = 1
+    while size >= 128**varint:
+        varint += 1
+    return 1 + varint + size if size else 0
+
+
+def _bench() -> Any:
+    """``scripts/bench.py`` as a module: the upstream loader and the load client come from it."""
+    scripts = str(ROOT / "scripts")
+    if scripts not in sys.path:
+        sys.path.insert(0, scripts)
+    import bench
+
+    return bench
+
+
+def bench_client() -> Path:
+    """The Rust HTTP/2 load client ``rust/bench-client``, built with cargo as the benchmark does."""
+    return _bench().build_client()
+
+
+def proc_kib(pid: int, key: str) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        name, _, value = line.partition(":")
+        if name == key:
+            return int(value.split()[0])
+    raise KeyError(key)
+
+
+@dataclass
+class ServerProcess:
+    """A server child process; its memory is read from ``/proc``."""
+
+    proc: subprocess.Popen[str]
+    port: int
+    kind: str
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def rss_kib(self) -> int:
+        return proc_kib(self.pid, "VmRSS")
+
+    def reset_peak(self) -> None:
+        """Resets VmHWM to the current RSS, so the next reading is this phase's peak."""
+        Path(f"/proc/{self.pid}/clear_refs").write_text("5")
+
+    def peak_kib(self) -> int:
+        return proc_kib(self.pid, "VmHWM")
+
+
+@contextlib.contextmanager
+def server_process(
+    kind: str = "ours", size: int = 4096, extension: str | None = None
+) -> Iterator[ServerProcess]:
+    """Starts a server child and stops it (stdin closed, then killed) however the block ends."""
+    argv = [sys.executable, __file__, "_serve", kind, str(size)]
+    if extension:
+        argv.append(extension)
+    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"{kind} server exited before reporting its port")
+        yield ServerProcess(proc, json.loads(line)["port"], kind)
+    finally:
+        if proc.stdin:
+            with contextlib.suppress(OSError):
+                proc.stdin.close()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        if proc.stdout:
+            proc.stdout.close()
+
+
+# --- a well-behaved client -----------------------------------------------------------------
+
+
+def grpc_call(address: str, timeout: float = 10.0) -> bytes:
+    """One GetServerInfo on a fresh grpcio channel; returns the raw response message."""
+    import grpc
+
+    with grpc.insecure_channel(
+        address, options=[("grpc.max_receive_message_length", -1)]
+    ) as channel:
+        return channel.unary_unary(GET_SERVER_INFO)(b"", timeout=timeout)
+
+
+@dataclass
+class LegitClient:
+    """Calls GetServerInfo back to back on one established channel while a pattern runs.
+
+    At most ``max_calls`` calls, each with a deadline, so the loop ends whatever the server does.
+    """
+
+    address: str
+    max_calls: int = 100_000
+    call_timeout: float = 10.0
+    latencies: list[float] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        import grpc
+
+        with grpc.insecure_channel(
+            self.address, options=[("grpc.max_receive_message_length", -1)]
+        ) as channel:
+            call = channel.unary_unary(GET_SERVER_INFO)
+            call(b"", timeout=self.call_timeout, wait_for_ready=True)  # connected before
+            self._connected.set()
+            for _ in range(self.max_calls):
+                if self._stop.is_set():
+                    return
+                started = time.monotonic()
+                try:
+                    call(b"", timeout=self.call_timeout)
+                    self.latencies.append(time.monotonic() - started)
+                except grpc.RpcError as err:
+                    self.errors.append(f"{err.code().name}: {err.details()}")
+                # Paced, not flooding: a client that polls server info now and then.
+                self._stop.wait(0.01)
+
+    def __enter__(self) -> LegitClient:
+        self._connected = threading.Event()
+        self._thread.start()
+        if not self._connected.wait(30):
+            raise RuntimeError(f"legitimate client could not reach {self.address}")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(self.call_timeout + 5)
+
+    def wait_calls(self, count: int, timeout: float) -> None:
+        """Returns once ``count`` calls finished (answered or failed) or ``timeout`` passed."""
+        deadline = time.monotonic() + timeout
+        while len(self.latencies) + len(self.errors) < count and time.monotonic() < deadline:
+            if not self._thread.is_alive():
+                return
+            time.sleep(0.01)
+
+    def p99_ms(self) -> float | None:
+        if not self.latencies:
+            return None
+        ordered = sorted(self.latencies)
+        return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))] * 1000
+
+
+# --- raw HTTP/2 ----------------------------------------------------------------------------
+
+FRAME_DATA, FRAME_HEADERS, FRAME_RST_STREAM, FRAME_SETTINGS = 0x0, 0x1, 0x3, 0x4
+FRAME_PING, FRAME_GOAWAY, FRAME_CONTINUATION = 0x6, 0x7, 0x9
+FLAG_END_STREAM, FLAG_END_HEADERS = 0x1, 0x4
+FRAME_NAMES = {
+    0x0: "DATA",
+    0x1: "HEADERS",
+    0x3: "RST_STREAM",
+    0x4: "SETTINGS",
+    0x6: "PING",
+    0x7: "GOAWAY",
+    0x8: "WINDOW_UPDATE",
+}
+
+
+def frame(kind: int, flags: int, stream: int, payload: bytes = b"") -> bytes:
+    return (
+        struct.pack(">I", len(payload))[1:]
+        + bytes([kind, flags])
+        + struct.pack(">I", stream)
+        + payload
+    )
+
+
+def _hpack_int(value: int, prefix_bits: int, first: int = 0) -> bytes:
+    limit = (1 << prefix_bits) - 1
+    if value < limit:
+        return bytes([first | value])
+    out, value = bytearray([first | limit]), value - limit
+    while value >= 128:
+        out.append(value % 128 + 128)
+        value //= 128
+    out.append(value)
+    return bytes(out)
+
+
+def hpack_literal(name: str, value: str | bytes) -> bytes:
+    """A literal header field without indexing, no Huffman coding (RFC 7541 §6.2.2)."""
+    raw = value.encode() if isinstance(value, str) else value
+    return b"\x00" + _hpack_int(len(name), 7) + name.encode() + _hpack_int(len(raw), 7) + raw
+
+
+def grpc_request_headers(address: str, extra: bytes = b"") -> bytes:
+    return (
+        hpack_literal(":method", "POST")
+        + hpack_literal(":scheme", "http")
+        + hpack_literal(":path", GET_SERVER_INFO)
+        + hpack_literal(":authority", address)
+        + hpack_literal("content-type", "application/grpc")
+        + hpack_literal("te", "trailers")
+        + extra
+    )
+
+
+def h2_connect(address: str, timeout: float = 10.0) -> socket.socket:
+    host, port = address.rsplit(":", 1)
+    sock = socket.create_connection((host, int(port)), timeout=timeout)
+    sock.sendall(PREFACE + frame(FRAME_SETTINGS, 0, 0))
+    return sock
+
+
+def read_frames(sock: socket.socket, deadline: float, max_frames: int = 10_000) -> list[str]:
+    """Frames the server sends until it closes or the deadline passes, as names
+    (``RST_STREAM(code)``, ``GOAWAY(code)``); ``closed`` last if it closed."""
+    seen: list[str] = []
+    buf = b""
+    while len(seen) < max_frames:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return seen
+        sock.settimeout(remaining)
+        try:
+            chunk = sock.recv(65536)
+        except TimeoutError:
+            return seen
+        except OSError:
+            chunk = b""
+        if not chunk:
+            return [*seen, "closed"]
+        buf += chunk
+        while len(buf) >= 9:
+            length = int.from_bytes(buf[:3], "big")
+            if len(buf) < 9 + length:
+                break
+            kind, payload = buf[3], buf[9 : 9 + length]
+            buf = buf[9 + length :]
+            name = FRAME_NAMES.get(kind, f"0x{kind:x}")
+            if kind == FRAME_RST_STREAM:
+                name += f"({int.from_bytes(payload[:4], 'big')})"
+            elif kind == FRAME_GOAWAY:
+                name += f"({int.from_bytes(payload[4:8], 'big')})"
+            seen.append(name)
+    return seen
+
+
+def summarize(frames: list[str]) -> str:
+    """The frames that tell what the server decided, in order, without repeats."""
+    out: list[str] = []
+    for name in frames:
+        if name.startswith(("SETTINGS", "WINDOW_UPDATE", "PING")):
+            continue
+        if not out or out[-1] != name:
+            out.append(name)
+    return ", ".join(out) or "no reply"
+
+
+def wait_closed(sock: socket.socket, deadline: float) -> bool:
+    """Reads and discards until the server closes (True) or the deadline passes (False)."""
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return False
+        sock.settimeout(remaining)
+        try:
+            if not sock.recv(65536):
+                return True
+        except TimeoutError:
+            return False
+        except OSError:
+            return True
+
+
+def reset_close(sock: socket.socket) -> None:
+    """Closes with a TCP RST instead of a FIN."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    sock.close()
+
+
+# --- the patterns ----------------------------------------------------------------------------
+
+
+@dataclass
+class Outcome:
+    """What the server did to the hostile client, in words, plus figures for assertions."""
+
+    status: str
+    figures: dict[str, Any] = field(default_factory=dict)
+
+
+def garbage(address: str) -> Outcome:
+    """64 KiB of random bytes on a fresh connection."""
+    host, port = address.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        with contextlib.suppress(OSError):
+            sock.sendall(os.urandom(64 * 1024))
+        closed = wait_closed(sock, time.monotonic() + 15)
+    return Outcome("closed" if closed else "open after 15 s", {"closed": closed})
+
+
+def http1(address: str) -> Outcome:
+    """An HTTP/1.1 request for the gRPC path."""
+    host, port = address.rsplit(":", 1)
+    request = f"POST {GET_SERVER_INFO} HTTP/1.1\r\nHost: {address}\r\nContent-Length: 0\r\n\r\n"
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(request.encode())
+        reply, deadline = b"", time.monotonic() + 15
+        closed = False
+        while time.monotonic() < deadline and len(reply) < 4096:
+            sock.settimeout(max(0.01, deadline - time.monotonic()))
+            try:
+                chunk = sock.recv(4096)
+            except TimeoutError:
+                break
+            except OSError:
+                chunk = b""
+            if not chunk:
+                closed = True
+                break
+            reply += chunk
+    first = reply.split(b"\r\n", 1)[0].decode(errors="replace")
+    if first.startswith("HTTP/"):
+        status = f"replied {first!r}"
+    elif reply:
+        status = f"sent {len(reply)} bytes ({summarize_raw(reply)})"
+    else:
+        status = "closed, no reply" if closed else "open after 15 s, no reply"
+    return Outcome(status + (", closed" if closed and reply else ""), {"closed": closed})
+
+
+def summarize_raw(data: bytes) -> str:
+    if len(data) >= 9 and data[3] in FRAME_NAMES:
+        return "HTTP/2 " + FRAME_NAMES[data[3]]
+    return repr(data[:16])
+
+
+def preface_then_garbage(address: str) -> Outcome:
+    """A valid HTTP/2 preface, then 64 KiB that are not frames."""
+    host, port = address.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        with contextlib.suppress(OSError):
+            sock.sendall(PREFACE + b"\xff" * (64 * 1024))
+        frames = read_frames(sock, time.monotonic() + 15)
+    return Outcome(summarize(frames), {"closed": "closed" in frames})
+
+
+def oversized_headers(address: str, total: int = MIB) -> Outcome:
+    """One request whose header block is ``total`` bytes, in 16 KiB HEADERS/CONTINUATIONs."""
+    block = grpc_request_headers(address) + b"".join(
+        hpack_literal(f"x-pad-{i}", "p" * 4000) for i in range(total // 4000)
+    )
+    chunks = [block[i : i + 16_000] for i in range(0, len(block), 16_000)]
+    with h2_connect(address) as sock:
+        try:
+            for i, chunk in enumerate(chunks):
+                kind = FRAME_HEADERS if i == 0 else FRAME_CONTINUATION
+                flags = FLAG_END_HEADERS if i == len(chunks) - 1 else 0
+                if i == 0:
+                    flags |= FLAG_END_STREAM
+                sock.sendall(frame(kind, flags, 1, chunk))
+        except OSError:
+            pass
+        frames = read_frames(sock, time.monotonic() + 15)
+    # DATA would be the snapshot: the request went through.
+    return Outcome(summarize(frames), {"answered": "DATA" in frames})
+
+
+def huge_body(address: str, total: int = 2048 * MIB, message: int = MIB) -> Outcome:
+    """A GetServerInfo call whose request streams ``total`` bytes in ``message``-byte messages,
+    produced lazily by the client."""
+    import grpc
+
+    produced = 0
+    chunk = b"\x00" * message
+
+    def body() -> Iterator[bytes]:
+        nonlocal produced
+        for _ in range(total // message):
+            produced += 1
+            yield chunk
+
+    started = time.monotonic()
+    with grpc.insecure_channel(
+        address,
+        options=[
+            ("grpc.max_send_message_length", -1),
+            ("grpc.max_receive_message_length", -1),
+        ],
+    ) as channel:
+        try:
+            channel.stream_unary(GET_SERVER_INFO)(body(), timeout=300)
+            status = "answered (OK)"
+            code = "OK"
+        except grpc.RpcError as err:
+            code = err.code().name
+            status = code
+    sent = produced * message
+    figures = {"code": code, "sent_bytes": sent, "seconds": time.monotonic() - started}
+    return Outcome(f"{status} after {sent / MIB:,.0f} MiB sent", figures)
+
+
+def connection_flood(address: str, count: int = 10_000, hold: float = 3.0) -> Outcome:
+    """``count`` connections at once, each sending the preface and SETTINGS and then nothing;
+    held ``hold`` seconds, then closed. Reports how many the server had closed by then."""
+    host, port = address.rsplit(":", 1)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    needed = count + 1024
+    if hard != resource.RLIM_INFINITY and hard < needed:
+        raise RuntimeError(f"RLIMIT_NOFILE hard limit {hard} is below the {needed} needed")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, needed), hard))
+    socks: list[socket.socket] = []
+    try:
+        selector = selectors.DefaultSelector()
+        for _ in range(count):
+            sock = socket.socket()
+            sock.setblocking(False)
+            sock.connect_ex((host, int(port)))
+            socks.append(sock)
+            selector.register(sock, selectors.EVENT_WRITE)
+        # Send the greeting as each connect completes; bounded by a deadline.
+        pending, deadline = len(socks), time.monotonic() + 30
+        failed = 0
+        while pending and time.monotonic() < deadline:
+            for key, _ in selector.select(timeout=0.5):
+                sock = key.fileobj
+                assert isinstance(sock, socket.socket)
+                selector.unregister(sock)
+                pending -= 1
+                try:
+                    sock.send(PREFACE + frame(FRAME_SETTINGS, 0, 0))
+                except OSError:
+                    failed += 1
+        selector.close()
+        time.sleep(hold)  # the pattern is "held open for a while"; nothing is awaited here
+        open_count = sum(1 for sock in socks if _still_open(sock))
+    finally:
+        for sock in socks:
+            sock.close()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    figures = {"held_open": open_count, "never_connected": pending, "failed": failed}
+    return Outcome(f"{open_count:,} of {count:,} held open after {hold:.0f} s", figures)
+
+
+def _still_open(sock: socket.socket) -> bool:
+    """Drains what the server sent; False if it closed or reset the connection."""
+    try:
+        while True:
+            data = sock.recv(65536, socket.MSG_DONTWAIT)
+            if not data:
+                return False
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+
+
+def slowloris(address: str, max_seconds: float = 20.0) -> Outcome:
+    """The HTTP/2 preface one byte a second, for at most ``max_seconds``."""
+    host, port = address.rsplit(":", 1)
+    started = time.monotonic()
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        for byte in PREFACE:
+            if time.monotonic() - started >= max_seconds:
+                break
+            try:
+                sock.send(bytes([byte]))
+            except OSError:
+                break
+            if wait_closed(sock, time.monotonic() + 1.0):
+                elapsed = time.monotonic() - started
+                return Outcome(f"dropped after {elapsed:.0f} s", {"dropped_after": elapsed})
+    return Outcome(f"still open after {max_seconds:.0f} s", {"dropped_after": None})
+
+
+def resets(address: str, streams: int = 2000, sockets: int = 200) -> Outcome:
+    """Calls reset in the middle: ``streams`` requests each cancelled (RST_STREAM) right after
+    its HEADERS on one connection (rapid reset), then ``sockets`` connections closed with a
+    TCP RST halfway through a request."""
+    headers = grpc_request_headers(address)
+    with h2_connect(address) as sock:
+        try:
+            burst = b"".join(
+                frame(FRAME_HEADERS, FLAG_END_HEADERS, 2 * i + 1, headers)
+                + frame(FRAME_RST_STREAM, 0, 2 * i + 1, struct.pack(">I", 8))  # CANCEL
+                for i in range(streams)
+            )
+            sock.sendall(burst)
+        except OSError:
+            pass
+        frames = read_frames(sock, time.monotonic() + 3)
+    for _ in range(sockets):
+        with contextlib.suppress(OSError):
+            half = h2_connect(address)
+            half.sendall(frame(FRAME_HEADERS, FLAG_END_HEADERS, 1, headers) + b"\x00\x00")
+            reset_close(half)
+    rapid = summarize(frames)
+    return Outcome(f"rapid reset: {rapid}; mid-call TCP RST x{sockets}: served on", {})
+
+
+PATTERNS: dict[str, tuple[str, Callable[[str], Outcome]]] = {
+    "garbage": ("64 KiB of random bytes", garbage),
+    "http1": ("an HTTP/1.1 request", http1),
+    "preface-garbage": ("HTTP/2 preface, then 64 KiB of garbage", preface_then_garbage),
+    "oversized-headers": ("1 MiB of request headers", oversized_headers),
+    "huge-body": ("2 GiB request body, streamed lazily in 1 MiB messages", huge_body),
+    "connection-flood": (
+        "10,000 concurrent connections (preface + SETTINGS, then idle)",
+        connection_flood,
+    ),
+    "slowloris": ("the preface at one byte a second (at most 20 s)", slowloris),
+    "resets": ("2,000 rapid stream resets, 200 TCP resets mid-request", resets),
+}
+
+
+# --- one pattern, watched ----------------------------------------------------------------------
+
+
+@dataclass
+class Run:
+    """A pattern's outcome with the server's memory and a legitimate client's experience."""
+
+    pattern: str
+    outcome: Outcome
+    idle_kib: int
+    peak_kib: int
+    after_kib: int
+    alive: bool
+    legit_calls: int
+    legit_errors: list[str]
+    legit_p99_ms: float | None
+
+    @property
+    def peak_delta_mib(self) -> float:
+        return (self.peak_kib - self.idle_kib) / 1024
+
+    @property
+    def after_delta_mib(self) -> float:
+        return (self.after_kib - self.idle_kib) / 1024
+
+
+def run_pattern(server: ServerProcess, name: str, min_legit_calls: int = 20, **kwargs: Any) -> Run:
+    """Runs one pattern against ``server`` while a legitimate client polls it; the legitimate
+    client goes on until it made ``min_legit_calls`` calls (at most 60 s more), so a pattern
+    that ends at once still leaves a few answers to judge the server by."""
+    _, hostile = PATTERNS[name]
+    grpc_call(server.address)  # warm: the first call's allocations are not the pattern's
+    idle = server.rss_kib()
+    server.reset_peak()
+    with LegitClient(server.address) as legit:
+        outcome = hostile(server.address, **kwargs)
+        legit.wait_calls(min_legit_calls, timeout=60)
+    alive = server.alive()
+    peak = server.peak_kib() if alive else 0
+    after = server.rss_kib() if alive else 0
+    return Run(
+        name,
+        outcome,
+        idle,
+        peak,
+        after,
+        alive,
+        len(legit.latencies) + len(legit.errors),
+        legit.errors,
+        legit.p99_ms(),
+    )
+
+
+def soak_figures(samples: list[int]) -> dict[str, float]:
+    """Mean RSS of the first and last quarter of the samples, and the growth between them."""
+    quarter = max(1, len(samples) // 4)
+    first = statistics.mean(samples[:quarter])
+    last = statistics.mean(samples[-quarter:])
+    return {"first_quarter_kib": first, "last_quarter_kib": last, "growth": last / first - 1}
+
+
+def soak(server: ServerProcess, json_info: str, clients: int, calls: int) -> dict[str, Any]:
+    """``clients`` HTTP/2 connections making ``calls`` GetServerInfo calls each, back to back,
+    from ``rust/bench-client``; the server's RSS is sampled every 50 ms meanwhile.
+
+    Returns the load client's report (requests, errors, rps, latency percentiles) with the
+    memory figures of :func:`soak_figures` and the sample count added.
+    """
+    client = bench_client()
+    grpc_call(server.address)
+    samples: list[int] = []
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.wait(0.05) and server.alive():
+            samples.append(server.rss_kib())
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        out = subprocess.run(
+            [
+                str(client),
+                "--target",
+                server.address,
+                "--concurrency",
+                str(clients),
+                "--calls",
+                str(calls),
+                "--expect-bytes",
+                str(response_message_len(json_info)),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=1800,
+            check=True,
+        )
+    finally:
+        done.set()
+        sampler.join(5)
+    report = json.loads(out.stdout)
+    report.update(soak_figures(samples) if samples else {})
+    report["samples"] = len(samples)
+    return report
+
+
+if __name__ == "__main__":
+    if len(sys.argv) >= 4 and sys.argv[1] == "_serve":
+        _serve_main(sys.argv[2], int(sys.argv[3]), sys.argv[4] if len(sys.argv) > 4 else None)
+    else:
+        sys.exit(f"usage: {Path(__file__).name} _serve KIND SIZE [EXTENSION]")
