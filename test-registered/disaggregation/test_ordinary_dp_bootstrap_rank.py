@@ -10,10 +10,12 @@ with no load reports alternates).
 
 Each prefill rank first registers its connection info with the real
 ``CommonKVManager.register_to_bootstrap`` at SGLang's real ``CommonKVBootstrapServer`` (its
-aiohttp app on a free loopback port). For each room, the real ``CommonKVSender`` is built on
-the replica the room was dispatched to (its ``follow_bootstrap_room`` conflict check and its
-``/register_dp_rank`` post). Then the decode replica the room went to resolves it as the
-decode side does: ``DecodePreallocQueue._resolve_prefill_dp_rank`` (over the
+aiohttp app on a free loopback port). For each room, the real ``CommonKVSender`` constructor
+runs on the replica the room was dispatched to (its ``follow_bootstrap_room`` conflict check
+and its ``/register_dp_rank`` post), in a subclass that inherits it as the transfer backends'
+senders do (the abstract transfer methods raise; nothing transfers). Then the decode
+replica the room went to resolves it as the decode side does:
+``DecodePreallocQueue._resolve_prefill_dp_rank`` (over the
 ``PrefillServerInfo`` the server reports on ``/route``), else
 ``CommonKVReceiver.query_prefill_dp_ranks``, then
 ``CommonKVReceiver._get_bootstrap_info_from_server`` for the connection info. A room is
@@ -136,6 +138,18 @@ def _standin_manager_class() -> type:
     return StandinKVManager
 
 
+def _sender_class() -> type:
+    """A transfer backend's sender without the transfer: SGLang's constructor, inherited."""
+    from sglang.srt.disaggregation.common.conn import CommonKVSender
+
+    def no_transfer(self: Any, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError("no KV transfer in this test")
+
+    # Abstract on some releases (poll, failure_exception); a backend implements them.
+    methods = dict.fromkeys(getattr(CommonKVSender, "__abstractmethods__", ()), no_transfer)
+    return type("StandinKVSender", (CommonKVSender,), methods)
+
+
 def _publish(model_dir: str, args: list[str]) -> None:
     from sglang.srt.runtime_context import publish, reset_context
     from sglang.srt.server_args import prepare_server_args
@@ -189,7 +203,6 @@ def _run_case(model_dir: str, method: str, rank_fields: list[tuple], server_args
     from sglang.srt.disaggregation.common.conn import (
         CommonKVBootstrapServer,
         CommonKVReceiver,
-        CommonKVSender,
         PrefillServerInfo,
     )
     from sglang.srt.disaggregation.decode import DecodePreallocQueue
@@ -211,6 +224,7 @@ def _run_case(model_dir: str, method: str, rank_fields: list[tuple], server_args
     try:
         _wait_healthy(port)
         manager_class = _standin_manager_class()
+        sender_class = _sender_class()
         managers = [manager_class(ranks, port, dist_init_addr) for ranks in rank_fields]
         addr = f"127.0.0.1:{port}"
 
@@ -219,7 +233,7 @@ def _run_case(model_dir: str, method: str, rank_fields: list[tuple], server_args
         failures = {}
         for room, replica in prefill_of.items():
             mgr = managers[replica]
-            CommonKVSender(mgr=mgr, bootstrap_addr=addr, bootstrap_room=room)
+            sender_class(mgr=mgr, bootstrap_addr=addr, bootstrap_room=room)
             if mgr.check_status(room) == KVPoll.Failed:
                 failures[room] = mgr.failure_records.get(room, "")
 
