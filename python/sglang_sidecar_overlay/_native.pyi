@@ -65,4 +65,5 @@ def start_metadata_server(
     - ``tcp_keepalive_s``: TCP keepalive idle time (then 4 probes, ``tcp_keepalive_s / 4``
       apart), so peers that vanished are reaped.
     """
+
 def build_info() -> dict[str, object]: ...

@@ -7,6 +7,8 @@ Hooks, all through SGLang's ``HookRegistry``:
   ``--grpc-port`` is set, and each scheduler also drops them into the launch's side channel,
   because the DP controller of these releases runs no plugins and rebuilds its ready
   message without unknown keys;
+- scheduler processes: the prefill sender registers and checks the bootstrap DP rank, the
+  replica's under ordinary DP (``_disagg_dp_rank``, shared with 0.5.22–0.5.23);
 - engine process: ``Engine._launch_scheduler_processes`` opens the side channel before the
   schedulers spawn and wraps ``wait_for_ready`` (aggregate with the core; on a follower,
   start the native metadata server, reaping the schedulers if it cannot bind) and
@@ -22,7 +24,13 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from sglang_sidecar_overlay.adapters import _common, _sglang, _side_channel, _sidecar
+from sglang_sidecar_overlay.adapters import (
+    _common,
+    _disagg_dp_rank,
+    _sglang,
+    _side_channel,
+    _sidecar,
+)
 from sglang_sidecar_overlay.contract.server_info import render_server_info
 
 logger = logging.getLogger("sglang_sidecar_overlay.adapters.v0_5_19")
@@ -166,6 +174,7 @@ def _core_server_info_endpoint(upstream: Any) -> Any:
 def register(registry: Any, hook_type: Any, *, main_process: bool) -> None:
     """Register this generation's hooks; engine-side ones only in the engine process."""
     _sidecar.register(registry, hook_type, main_process=main_process)
+    _disagg_dp_rank.register(registry, hook_type, main_process=main_process)
     registry.register(PUBLISHER_SETUP, after_socket_setup, hook_type.AFTER)
     registry.register(GET_INIT_INFO, after_get_init_info, hook_type.AFTER)
     if main_process:

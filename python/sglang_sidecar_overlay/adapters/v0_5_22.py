@@ -13,6 +13,9 @@ redaction, legacy ``dp_size`` switch, health):
   reaps the schedulers when it raises and stops it on exit and in ``Engine.shutdown``;
 - ``Engine._launch_scheduler_processes``: only observed, to learn the launch's process ids.
 
+In scheduler processes, the prefill sender registers and checks the bootstrap DP rank, the
+replica's under ordinary DP (``_disagg_dp_rank``, shared with 0.5.19–0.5.21).
+
 ``SGLANG_RUST_SERVER`` mode is left to upstream: its Rust server owns the gRPC port there.
 """
 
@@ -21,7 +24,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from sglang_sidecar_overlay.adapters import _common, _sglang, _sidecar
+from sglang_sidecar_overlay.adapters import _common, _disagg_dp_rank, _sglang, _sidecar
 
 logger = logging.getLogger("sglang_sidecar_overlay.adapters.v0_5_22")
 
@@ -60,8 +63,9 @@ def around_launch_schedulers(original: Any, cls: Any, *args: Any, **kwargs: Any)
 
 
 def register(registry: Any, hook_type: Any, *, main_process: bool) -> None:
-    """Register this generation's hooks; all of them live in the engine process."""
+    """Register this generation's hooks; all but the sender's live in the engine process."""
     _sidecar.register(registry, hook_type, main_process=main_process)
+    _disagg_dp_rank.register(registry, hook_type, main_process=main_process)
     if not main_process:
         return
     registry.register(BUILD_SERVER_INFO, around_build_server_info, hook_type.AROUND)
