@@ -39,6 +39,7 @@ plugins, so SGLang's code runs unhooked; "overlay" first calls SGLang's ``load_p
 which registers this project's scheduler-side hooks.
 """
 
+import inspect
 import json
 import logging
 import multiprocessing
@@ -55,7 +56,7 @@ from typing import Any
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.test_utils import CustomTestCase
 
-register_cpu_ci(est_time=120, suite="base-a-test-cpu")
+register_cpu_ci(est_time=180, suite="base-a-test-cpu")
 
 logger = logging.getLogger(__name__)
 
@@ -231,9 +232,14 @@ def _run_case(model_dir: str, method: str, rank_fields: list[tuple], server_args
         # Prefill: each room's sender on the replica it was dispatched to.
         prefill_of = dict(zip(ROOMS, _dispatch(method, len(managers)), strict=True))
         failures = {}
+        # 0.5.19-0.5.21 also take the destination TP ranks and the PP rank.
+        extra = {}
+        params = inspect.signature(sender_class.__init__).parameters
+        if "dest_tp_ranks" in params:
+            extra = {"dest_tp_ranks": [0], "pp_rank": 0}
         for room, replica in prefill_of.items():
             mgr = managers[replica]
-            sender_class(mgr=mgr, bootstrap_addr=addr, bootstrap_room=room)
+            sender_class(mgr=mgr, bootstrap_addr=addr, bootstrap_room=room, **extra)
             if mgr.check_status(room) == KVPoll.Failed:
                 failures[room] = mgr.failure_records.get(room, "")
 
