@@ -10,7 +10,7 @@ WHEEL_DIR := dist
 SGLANG_RELEASES ?= 0.5.21,0.5.23
 
 .PHONY: venv build-dev wheel install lint rust-check python-lint test test-unit test-registered \
-	selftest benchmark clean
+	selftest benchmark hostile clean
 
 venv: $(PY)
 $(PY):
@@ -55,6 +55,10 @@ selftest: install
 
 benchmark: install
 	$(PY) scripts/bench.py
+
+# Hostile clients against this project's metadata server and upstream's: docs/hostile-input.md.
+hostile: install
+	$(PY) scripts/hostile.py
 
 clean:
 	rm -rf $(WHEEL_DIR) target $(VENV)
