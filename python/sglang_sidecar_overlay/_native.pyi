@@ -70,4 +70,5 @@ def start_metadata_server(
     handed out without a copy) or ``"generated"`` (tonic's generated server); both answer the
     same, and the benchmark compares them.
     """
+
 def build_info() -> dict[str, object]: ...

@@ -85,7 +85,7 @@ impl PyMetadataServer {
     keepalive_interval_s = None,
     keepalive_timeout_s = None,
     tcp_keepalive_s = None,
-    implementation = "framed",
+    implementation = None,
 ))]
 #[allow(clippy::too_many_arguments)]
 fn start_metadata_server(
@@ -103,7 +103,7 @@ fn start_metadata_server(
     keepalive_interval_s: Option<Bound<'_, PyAny>>,
     keepalive_timeout_s: Option<Bound<'_, PyAny>>,
     tcp_keepalive_s: Option<Bound<'_, PyAny>>,
-    implementation: &str,
+    implementation: Option<Bound<'_, PyAny>>,
 ) -> PyResult<PyMetadataServer> {
     let addr =
         parse_bind_address(host, port).map_err(|err| PyValueError::new_err(err.to_string()))?;
@@ -138,11 +138,16 @@ fn start_metadata_server(
         l.keepalive_timeout,
     )?;
     l.tcp_keepalive = seconds_arg("tcp_keepalive_s", tcp_keepalive_s, l.tcp_keepalive)?;
-    let implementation = Implementation::parse(implementation).ok_or_else(|| {
-        PyValueError::new_err(format!(
-            "implementation={implementation:?} is invalid: expected 'framed' or 'generated'"
-        ))
-    })?;
+    let implementation = match implementation {
+        None => Implementation::default(),
+        Some(value) => value
+            .extract::<String>()
+            .ok()
+            .and_then(|name| Implementation::parse(&name))
+            .ok_or_else(|| {
+                bad_value("implementation", &value, "expected 'framed' or 'generated'")
+            })?,
+    };
     let options = ServerOptions {
         limits: l,
         implementation,
