@@ -8,6 +8,10 @@
 //! The request (an empty message) is read frame by frame and counted, never collected: a body
 //! larger than `max_request_bytes`, or a message header announcing more than
 //! `max_message_bytes`, is answered RESOURCE_EXHAUSTED at once and the rest is not read.
+//!
+//! The second half of the module is the same service through tonic's generated server
+//! ([`Implementation::Generated`]); the benchmark's row 6 compares the two, and
+//! docs/architecture.md records why the hand-framed one is the default.
 
 use std::convert::Infallible;
 use std::pin::Pin;
