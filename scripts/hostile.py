@@ -14,6 +14,7 @@ Not part of the test suite.
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import sys
 import time
@@ -85,6 +86,7 @@ def _cell(run: hp.Run) -> list[str]:
 def render(results: dict[str, Any], command: str) -> str:
     m = bench.machine()
     stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    load = results["load"]
     lines = [
         "# Hostile input: this project's metadata server and upstream's, side by side",
         "",
@@ -93,7 +95,8 @@ def render(results: dict[str, Any], command: str) -> str:
         f"    {command}",
         "",
         f"Machine: {m['cores']} cores, {m['cpu']}, Linux {m['kernel']}, Python {m['python']}. "
-        f"Run at {stamp}.",
+        f"Run at {stamp}; 1-minute load average {load[0]:.1f} at the start and "
+        f"{load[1]:.1f} at the end (other work shared the machine).",
         "",
         "Servers: ours is `_native.start_metadata_server` with its default limits "
         "(see [security.md](security.md)); upstream is `start_metadata_server` from the "
@@ -150,7 +153,9 @@ def main() -> None:
     args = parser.parse_args()
     extension = str(bench.upstream_grpc_extension())
     patterns = args.only or list(hp.PATTERNS)
+    load_start = os.getloadavg()[0]
     results = run_all(patterns, extension, args.soak_calls, args.soak_calls_upstream)
+    results["load"] = (load_start, os.getloadavg()[0])
     command = "python scripts/hostile.py " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     text = render(results, command.strip())
     print(text)
