@@ -205,7 +205,16 @@ impl MetadataServer {
         } else {
             ServingStatus::NotServing
         };
-        self.runtime.block_on(set_status(&self.health, status));
+        self.report(status);
+    }
+
+    /// Sets the health status and waits until watchers are told. Runs on a scoped thread so it
+    /// also works from inside another tokio runtime (`block_on` there would panic, and a panic
+    /// in `Drop` while unwinding aborts the process).
+    fn report(&self, status: ServingStatus) {
+        std::thread::scope(|scope| {
+            scope.spawn(|| self.runtime.block_on(set_status(&self.health, status)));
+        });
     }
 
     /// Stops serving and waits for the server thread. Idempotent and safe from any thread;
@@ -219,8 +228,7 @@ impl MetadataServer {
         let Some(thread) = thread else { return };
         if !thread.is_finished() {
             // Watchers learn the node is going away before their stream is closed.
-            self.runtime
-                .block_on(set_status(&self.health, ServingStatus::NotServing));
+            self.report(ServingStatus::NotServing);
         }
         self.stop.send_replace(true);
         let _ = thread.join();

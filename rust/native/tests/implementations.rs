@@ -166,7 +166,12 @@ async fn both_refuse_large_and_long_request_bodies_early() {
         );
         assert!(produced < 64, "{implementation:?}: {produced} MiB produced");
         let (code, produced) = streamed(&server, 0, 100_000).await;
-        assert_eq!(code, Code::ResourceExhausted, "{implementation:?}");
+        // RESOURCE_EXHAUSTED, or the tonic client's own broken pipe when the server's reset
+        // of the rest lands while it is still writing (see tests/limits.rs, `refused`).
+        assert!(
+            matches!(code, Code::ResourceExhausted | Code::Unknown),
+            "{implementation:?}: {code:?}"
+        );
         assert!(
             produced < 100_000,
             "{implementation:?}: the whole body was read"
