@@ -11,7 +11,7 @@ WHEEL_DIR := dist
 SGLANG_RELEASES ?= ci
 
 .PHONY: venv build-dev wheel install lint rust-check python-lint test test-unit test-registered \
-	selftest benchmark clean
+	selftest benchmark hostile clean
 
 venv: $(PY)
 $(PY):
@@ -56,6 +56,10 @@ selftest: install
 
 benchmark: install
 	$(PY) scripts/bench.py
+
+# Hostile clients against this project's metadata server and upstream's: docs/hostile-input.md.
+hostile: install
+	$(PY) scripts/hostile.py
 
 clean:
 	rm -rf $(WHEEL_DIR) target $(VENV)

@@ -17,6 +17,9 @@ numbers move with whatever else the machine is doing.
    which needs a Python with SGLang installed (``--sglang-python``, or the cached env that
    ``scripts/sglang_envs.py`` built). Without one the row is reported as not measured.
 5. Plugin cost: ``load_plugins()`` in a fresh process with and without this plugin allowed.
+6. The shape of our GetServerInfo service: the hand-framed tower service (``ours``) vs tonic's
+   generated server returning the pre-encoded message (``ours-generated``), same load as row 1.
+   ``--service-shape`` runs only this row and prints it.
 
 Downloads go to ``$SGLANG_OVERLAY_CACHE/bench`` (default ``~/.cache/sglang-sidecar-overlay``).
 """
@@ -204,11 +207,15 @@ def load_starter(kind: str, extension: str) -> Any:
 
     Importing is kept apart from starting so the start-up figure times the start call alone.
     """
-    if kind == "ours":
+    if kind in ("ours", "ours-generated"):
         from sglang_sidecar_overlay._native import start_metadata_server
 
+        implementation = "generated" if kind == "ours-generated" else "framed"
+
         def start_ours(json_info: str, port: int) -> tuple[int, Any]:
-            server = start_metadata_server("127.0.0.1", port, json_info)
+            server = start_metadata_server(
+                "127.0.0.1", port, json_info, implementation=implementation
+            )
             return server.port, server.shutdown
 
         return start_ours
@@ -309,7 +316,11 @@ def server_process(kind: str, size: int, extension: str) -> Iterator[dict[str, A
 
 
 def _pythonpath() -> str:
-    parts = [str(ROOT / "python"), os.environ.get("PYTHONPATH", "")]
+    # The source tree only when the native module is built into it (make build-dev); otherwise
+    # it would shadow the installed wheel without the native module.
+    source = ROOT / "python"
+    has_native = any((source / "sglang_sidecar_overlay").glob("_native*.so"))
+    parts = [str(source) if has_native else "", os.environ.get("PYTHONPATH", "")]
     return os.pathsep.join(p for p in parts if p)
 
 
@@ -394,6 +405,58 @@ def throughput(client: Path, extension: str, args: argparse.Namespace) -> dict[s
                 for kind, info in servers.items():
                     memory[kind]["after_1mib_load"] = proc_status(info["pid"])
     return {"points": points, "memory": memory}
+
+
+SHAPES = ("ours", "ours-generated")
+
+
+def service_shape(client: Path, extension: str, args: argparse.Namespace) -> dict[str, Any]:
+    """Row 6: the hand-framed service vs tonic's generated one, interleaved like row 1."""
+    points: dict[str, Any] = {}
+    for label, size in SIZES.items():
+        json_info = snapshot(size)
+        expect = len(encoded_response(json_info))
+        with contextlib.ExitStack() as stack:
+            servers = {k: stack.enter_context(server_process(k, size, extension)) for k in SHAPES}
+            for info in servers.values():
+                check_bytes(info["port"], json_info)
+            for concurrency in CONCURRENCY:
+                runs: dict[str, list[dict[str, Any]]] = {k: [] for k in SHAPES}
+                for r in range(args.rounds):
+                    for kind in SHAPES[r % 2 :] + SHAPES[: r % 2]:
+                        runs[kind].append(load(client, servers[kind], concurrency, args, expect))
+                points[f"{label}|{concurrency}"] = {k: _median_run(v) for k, v in runs.items()}
+                _print_point(label, concurrency, points[f"{label}|{concurrency}"])
+    return points
+
+
+def _render_service_shape(results: dict[str, Any]) -> list[str]:
+    points = results.get("service_shape")
+    if not points:
+        return []
+    lines = [
+        "",
+        "## 6. GetServerInfo service: hand-framed vs tonic-generated",
+        "",
+        "Ours as shipped (a tower service handing out the reply framed once at start-up) vs "
+        "tonic's generated server returning the pre-encoded message through a codec (one copy "
+        "per call). Ratios above 1 favour hand framing.",
+        "",
+        "| snapshot | clients | framed req/s | generated req/s | framed/generated "
+        "| p99 ms framed / generated | p99 generated/framed "
+        "| CPU µs/req framed / generated | CPU generated/framed |",
+        "|---|---:|---:|---:|---:|---|---:|---|---:|",
+    ]
+    for key, point in points.items():
+        label, concurrency = key.split("|")
+        f, g = point["ours"], point["ours-generated"]
+        lines.append(
+            f"| {label} | {concurrency} | {f['rps']:.0f} | {g['rps']:.0f} | "
+            f"{_ratio(f['rps'], g['rps'])} | {f['p99_us'] / 1000:.2f} / {g['p99_us'] / 1000:.2f} "
+            f"| {_ratio(g['p99_us'], f['p99_us'])} | {f['cpu_us']:.0f} / {g['cpu_us']:.0f} | "
+            f"{_ratio(g['cpu_us'], f['cpu_us'])} |"
+        )
+    return lines
 
 
 def _median_run(runs: list[dict[str, Any]]) -> dict[str, float]:
@@ -625,6 +688,7 @@ def render(results: dict[str, Any], command: str) -> str:
         )
     lines += _render_sidecar(results)
     lines += _render_plugin(results)
+    lines += _render_service_shape(results)
     lines += READING
     lines += ["", "## Raw results", "", "```json", json.dumps(results, indent=1), "```", ""]
     return "\n".join(lines)
@@ -728,6 +792,9 @@ def main() -> None:
     parser.add_argument("--sglang-python", help="Python with SGLang installed (rows 4 and 5)")
     parser.add_argument("--output", type=Path, default=ROOT / "docs" / "benchmark-results.md")
     parser.add_argument("--no-write", action="store_true")
+    parser.add_argument(
+        "--service-shape", action="store_true", help="run only row 6 and print it (no write)"
+    )
     args = parser.parse_args()
     if args.quick:
         args.rounds, args.duration, args.warmup = 1, 0.5, 0.2
@@ -739,6 +806,11 @@ def main() -> None:
 
     extension = str(upstream_grpc_extension())
     client = build_client()
+    if args.service_shape:
+        print("6. hand-framed vs generated GetServerInfo service", flush=True)
+        shape = {"service_shape": service_shape(client, extension, args)}
+        print("\n".join(_render_service_shape(shape)))
+        return
     python, source = sglang_python(args.sglang_python)
     version = sglang_version(python)
     if version:
@@ -757,6 +829,8 @@ def main() -> None:
     results["sidecar"] = sidecar(python, args)
     print("5. plugin cost", flush=True)
     results["plugin"] = plugin_cost(python, args.plugin_runs)
+    print("6. hand-framed vs generated GetServerInfo service", flush=True)
+    results["service_shape"] = service_shape(client, extension, args)
     text = render(results, command.strip())
     print(text.split("\n## Raw results")[0])
     if not args.no_write:

@@ -442,13 +442,26 @@ def oversized_headers(address: str, total: int = MIB) -> Outcome:
     return Outcome(summarize(frames), {"answered": "DATA" in frames})
 
 
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value >= 128:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
 def huge_body(address: str, total: int = 2048 * MIB, message: int = MIB) -> Outcome:
-    """A GetServerInfo call whose request streams ``total`` bytes in ``message``-byte messages,
-    produced lazily by the client."""
+    """A GetServerInfo call whose request streams ``total`` bytes in well-formed
+    ``message``-byte messages, produced lazily by the client."""
     import grpc
 
     produced = 0
-    chunk = b"\x00" * message
+    # A well-formed GetServerInfoRequest: one unknown length-delimited field (number 15)
+    # filling the message, so a server that parses what it reads finds nothing wrong.
+    payload = message - 1 - len(_varint(message))
+    payload -= len(_varint(payload)) - len(_varint(message))
+    chunk = bytes([15 << 3 | 2]) + _varint(payload) + b"\x00" * payload
 
     def body() -> Iterator[bytes]:
         nonlocal produced

@@ -24,6 +24,7 @@ SECONDS_LIMITS = [k for k in DEFAULT_LIMITS if k.endswith("_s")]
 
 
 def stub_defaults() -> dict[str, object]:
+    """The stub's keyword defaults for the limits (``implementation`` is not a limit)."""
     tree = ast.parse(STUB.read_text())
     func = next(
         node
@@ -33,7 +34,7 @@ def stub_defaults() -> dict[str, object]:
     return {
         arg.arg: ast.literal_eval(default)
         for arg, default in zip(func.args.kwonlyargs, func.args.kw_defaults, strict=True)
-        if default is not None
+        if default is not None and arg.arg != "implementation"
     }
 
 
@@ -121,3 +122,23 @@ def test_the_module_exports_its_defaults() -> None:
     assert _native.DEFAULT_LIMITS is DEFAULT_LIMITS
     assert isinstance(DEFAULT_LIMITS["max_connections"], int)
     assert isinstance(DEFAULT_LIMITS["handshake_timeout_s"], float)
+
+
+def test_an_unknown_implementation_raises_value_error_naming_it() -> None:
+    with pytest.raises(ValueError, match=r"^implementation='nope' is invalid"):
+        start_metadata_server("127.0.0.1", 0, "{}", implementation="nope")
+
+
+@pytest.mark.parametrize("implementation", ["framed", "generated"])
+def test_both_implementations_answer_with_the_snapshot(implementation: str) -> None:
+    import grpc
+
+    snapshot = '{"node_rank": 1, "pad": "' + "x" * 70_000 + '"}'
+    with (
+        start_metadata_server("127.0.0.1", 0, snapshot, implementation=implementation) as server,
+        grpc.insecure_channel(f"127.0.0.1:{server.port}") as channel,
+    ):
+        raw = channel.unary_unary("/sglang.runtime.v1.SglangService/GetServerInfo")(b"", timeout=10)
+    # GetServerInfoResponse: field 1, length-delimited, then the JSON text.
+    assert raw.endswith(snapshot.encode())
+    assert raw[0] == 0x0A

@@ -40,6 +40,7 @@ def start_metadata_server(
     keepalive_interval_s: float = 30.0,
     keepalive_timeout_s: float = 10.0,
     tcp_keepalive_s: float = 60.0,
+    implementation: str = "framed",
 ) -> MetadataServer:
     """Start a follower metadata server on (host, port) answering GetServerInfo with
     ``server_info_json``; binds before returning (port 0 picks a free port).
@@ -64,6 +65,10 @@ def start_metadata_server(
       and the connection closed if it is not acknowledged in time.
     - ``tcp_keepalive_s``: TCP keepalive idle time (then 4 probes, ``tcp_keepalive_s / 4``
       apart), so peers that vanished are reaped.
+
+    ``implementation`` picks how GetServerInfo is served, ``"framed"`` (the reply framed once,
+    handed out without a copy) or ``"generated"`` (tonic's generated server); both answer the
+    same, and the benchmark compares them.
     """
 
 def build_info() -> dict[str, object]: ...

@@ -23,5 +23,25 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .build_server(false)
         .build_client(true)
         .compile_protos(&["proto/sglang/runtime/v1/sglang.proto"], &["proto"])?;
+    // The server side is generated from a Rust description instead, so its reply type can be
+    // the pre-encoded message (see `service::generated`); method and service names match the
+    // proto above.
+    let service = tonic_build::manual::Service::builder()
+        .name("SglangService")
+        .package("sglang.runtime.v1")
+        .method(
+            tonic_build::manual::Method::builder()
+                .name("get_server_info")
+                .route_name("GetServerInfo")
+                .input_type("crate::proto::GetServerInfoRequest")
+                .output_type("crate::service::EncodedReply")
+                .codec_path("crate::service::ReplyCodec")
+                .build(),
+        )
+        .build();
+    tonic_build::manual::Builder::new()
+        .build_client(false)
+        .build_transport(false)
+        .compile(&[service]);
     Ok(())
 }

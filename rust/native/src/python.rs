@@ -12,6 +12,7 @@ use pyo3::types::{PyBool, PyDict};
 use crate::address::parse_bind_address;
 use crate::limits::{self, Limits};
 use crate::server::{MetadataServer, ServerOptions, StartError};
+use crate::service::Implementation;
 
 /// A running follower metadata server (GetServerInfo + grpc.health.v1).
 #[pyclass(
@@ -84,6 +85,7 @@ impl PyMetadataServer {
     keepalive_interval_s = None,
     keepalive_timeout_s = None,
     tcp_keepalive_s = None,
+    implementation = None,
 ))]
 #[allow(clippy::too_many_arguments)]
 fn start_metadata_server(
@@ -101,6 +103,7 @@ fn start_metadata_server(
     keepalive_interval_s: Option<Bound<'_, PyAny>>,
     keepalive_timeout_s: Option<Bound<'_, PyAny>>,
     tcp_keepalive_s: Option<Bound<'_, PyAny>>,
+    implementation: Option<Bound<'_, PyAny>>,
 ) -> PyResult<PyMetadataServer> {
     let addr =
         parse_bind_address(host, port).map_err(|err| PyValueError::new_err(err.to_string()))?;
@@ -135,8 +138,19 @@ fn start_metadata_server(
         l.keepalive_timeout,
     )?;
     l.tcp_keepalive = seconds_arg("tcp_keepalive_s", tcp_keepalive_s, l.tcp_keepalive)?;
+    let implementation = match implementation {
+        None => Implementation::default(),
+        Some(value) => value
+            .extract::<String>()
+            .ok()
+            .and_then(|name| Implementation::parse(&name))
+            .ok_or_else(|| {
+                bad_value("implementation", &value, "expected 'framed' or 'generated'")
+            })?,
+    };
     let options = ServerOptions {
         limits: l,
+        implementation,
         ..ServerOptions::default()
     };
     let server = py

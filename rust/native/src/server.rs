@@ -21,7 +21,7 @@ use tonic_health::server::HealthReporter;
 use crate::SGLANG_SERVICE;
 use crate::incoming::{AcceptLimits, bounded_incoming};
 use crate::limits::Limits;
-use crate::service::SnapshotService;
+use crate::service::{Implementation, SnapshotService, generated_service};
 
 /// Health is reported under both the overall ("") and the SGLang service name.
 const HEALTH_SERVICES: [&str; 2] = ["", SGLANG_SERVICE];
@@ -42,6 +42,8 @@ pub struct ServerOptions {
     /// How long in-flight calls may finish after shutdown begins before connections are cut.
     pub shutdown_grace: Duration,
     pub limits: Limits,
+    /// Which SglangService implementation answers (the benchmark compares them).
+    pub implementation: Implementation,
 }
 
 impl Default for ServerOptions {
@@ -50,6 +52,7 @@ impl Default for ServerOptions {
             worker_threads: 2,
             shutdown_grace: Duration::from_millis(500),
             limits: Limits::default(),
+            implementation: Implementation::default(),
         }
     }
 }
@@ -128,8 +131,7 @@ impl MetadataServer {
         let (health, health_service) = tonic_health::server::health_reporter();
         let health_service = health_service.max_decoding_message_size(limits.max_message_bytes);
         let (stop, stop_rx) = watch::channel(false);
-        let sglang_service =
-            SnapshotService::new(snapshot, limits.max_request_bytes, limits.max_message_bytes);
+        let implementation = options.implementation;
         let listener = {
             let _guard = runtime.enter();
             tokio::net::TcpListener::from_std(listener)
@@ -147,9 +149,17 @@ impl MetadataServer {
         let thread = std::thread::Builder::new()
             .name("overlay-grpc".into())
             .spawn(move || {
-                let router = bounded_builder(&limits)
-                    .add_service(health_service)
-                    .add_service(sglang_service);
+                let (max_request, max_message) =
+                    (limits.max_request_bytes, limits.max_message_bytes);
+                let mut router = bounded_builder(&limits).add_service(health_service);
+                router = match implementation {
+                    Implementation::Framed => {
+                        router.add_service(SnapshotService::new(snapshot, max_request, max_message))
+                    }
+                    Implementation::Generated => {
+                        router.add_service(generated_service(snapshot, max_request, max_message))
+                    }
+                };
                 runtime.block_on(async move {
                     // tonic-health starts "" as SERVING; flip it before the first accept, and
                     // before start() returns so a set_serving(true) cannot be overwritten.
@@ -195,7 +205,16 @@ impl MetadataServer {
         } else {
             ServingStatus::NotServing
         };
-        self.runtime.block_on(set_status(&self.health, status));
+        self.report(status);
+    }
+
+    /// Sets the health status and waits until watchers are told. Runs on a scoped thread so it
+    /// also works from inside another tokio runtime (`block_on` there would panic, and a panic
+    /// in `Drop` while unwinding aborts the process).
+    fn report(&self, status: ServingStatus) {
+        std::thread::scope(|scope| {
+            scope.spawn(|| self.runtime.block_on(set_status(&self.health, status)));
+        });
     }
 
     /// Stops serving and waits for the server thread. Idempotent and safe from any thread;
@@ -209,8 +228,7 @@ impl MetadataServer {
         let Some(thread) = thread else { return };
         if !thread.is_finished() {
             // Watchers learn the node is going away before their stream is closed.
-            self.runtime
-                .block_on(set_status(&self.health, ServingStatus::NotServing));
+            self.report(ServingStatus::NotServing);
         }
         self.stop.send_replace(true);
         let _ = thread.join();

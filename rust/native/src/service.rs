@@ -8,6 +8,10 @@
 //! The request (an empty message) is read frame by frame and counted, never collected: a body
 //! larger than `max_request_bytes`, or a message header announcing more than
 //! `max_message_bytes`, is answered RESOURCE_EXHAUSTED at once and the rest is not read.
+//!
+//! The second half of the module is the same service through tonic's generated server
+//! ([`Implementation::Generated`]); the benchmark's row 6 compares the two, and
+//! docs/architecture.md records why the hand-framed one is the default.
 
 use std::convert::Infallible;
 use std::pin::Pin;
@@ -23,10 +27,38 @@ use tonic::body::Body;
 use tonic::server::NamedService;
 use tower_service::Service;
 
-use crate::SGLANG_SERVICE;
-use crate::proto::GetServerInfoResponse;
+use crate::proto::{GetServerInfoRequest, GetServerInfoResponse};
+use crate::{GET_SERVER_INFO_PATH, SGLANG_SERVICE};
 
-const GET_SERVER_INFO: &str = "/sglang.runtime.v1.SglangService/GetServerInfo";
+/// Which implementation of SglangService serves the snapshot. Both give the same answers;
+/// they differ in what each call costs (see docs/architecture.md, "The GetServerInfo reply").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Implementation {
+    /// The raw tower service below: the whole gRPC reply framed once, no copy per call.
+    #[default]
+    Framed,
+    /// tonic's generated server returning [`EncodedReply`]: one copy of the message per call.
+    Generated,
+}
+
+impl Implementation {
+    pub fn parse(name: &str) -> Option<Self> {
+        match name {
+            "framed" => Some(Self::Framed),
+            "generated" => Some(Self::Generated),
+            _ => None,
+        }
+    }
+}
+
+fn encode_reply(json_info: String) -> Bytes {
+    let message = GetServerInfoResponse { json_info };
+    let mut buf = BytesMut::with_capacity(message.encoded_len());
+    message
+        .encode(&mut buf)
+        .expect("buffer sized to the message");
+    buf.freeze()
+}
 
 /// Serves one immutable server-info snapshot.
 #[derive(Clone)]
@@ -38,13 +70,11 @@ pub struct SnapshotService {
 
 impl SnapshotService {
     pub fn new(json_info: String, max_request_bytes: usize, max_message_bytes: usize) -> Self {
-        let message = GetServerInfoResponse { json_info };
-        let mut frame = BytesMut::with_capacity(5 + message.encoded_len());
+        let message = encode_reply(json_info);
+        let mut frame = BytesMut::with_capacity(5 + message.len());
         frame.put_u8(0); // not compressed
-        frame.put_u32(message.encoded_len() as u32);
-        message
-            .encode(&mut frame)
-            .expect("buffer sized to the message");
+        frame.put_u32(message.len() as u32);
+        frame.put(message);
         Self {
             framed_reply: frame.freeze(),
             max_request_bytes,
@@ -67,7 +97,7 @@ impl Service<Request<Body>> for SnapshotService {
     }
 
     fn call(&mut self, request: Request<Body>) -> Self::Future {
-        if request.uri().path() != GET_SERVER_INFO {
+        if request.uri().path() != GET_SERVER_INFO_PATH {
             let status = tonic::Status::unimplemented("metadata-only follower: GetServerInfo only");
             return Box::pin(async move { Ok(status.into_http()) });
         }
@@ -224,5 +254,161 @@ impl http_body::Body for ReplyBody {
 
     fn is_end_stream(&self) -> bool {
         self.data.is_none() && self.trailers.is_none()
+    }
+}
+
+// --- the tonic-generated variant ----------------------------------------------------------
+
+/// The encoded `GetServerInfoResponse` (without the 5-byte gRPC prefix), shared by every call.
+#[derive(Debug, Clone)]
+pub struct EncodedReply(pub Bytes);
+
+/// Decodes the request with prost and writes the pre-encoded reply as it is.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ReplyCodec;
+
+impl tonic::codec::Codec for ReplyCodec {
+    type Encode = EncodedReply;
+    type Decode = GetServerInfoRequest;
+    type Encoder = Self;
+    type Decoder = Self;
+
+    fn encoder(&mut self) -> Self {
+        *self
+    }
+
+    fn decoder(&mut self) -> Self {
+        *self
+    }
+}
+
+impl tonic::codec::Encoder for ReplyCodec {
+    type Item = EncodedReply;
+    type Error = Status;
+
+    fn encode(
+        &mut self,
+        item: EncodedReply,
+        dst: &mut tonic::codec::EncodeBuf<'_>,
+    ) -> Result<(), Status> {
+        dst.put(item.0);
+        Ok(())
+    }
+}
+
+impl tonic::codec::Decoder for ReplyCodec {
+    type Item = GetServerInfoRequest;
+    type Error = Status;
+
+    fn decode(
+        &mut self,
+        src: &mut tonic::codec::DecodeBuf<'_>,
+    ) -> Result<Option<GetServerInfoRequest>, Status> {
+        GetServerInfoRequest::decode(src)
+            .map(Some)
+            .map_err(|err| Status::invalid_argument(format!("malformed request: {err}")))
+    }
+}
+
+/// The generated trait's implementation: hands out the same bytes to every call.
+pub struct GeneratedSnapshot {
+    reply: Bytes,
+}
+
+#[tonic::async_trait]
+impl crate::generated::sglang_service_server::SglangService for GeneratedSnapshot {
+    async fn get_server_info(
+        &self,
+        _request: tonic::Request<GetServerInfoRequest>,
+    ) -> Result<tonic::Response<EncodedReply>, Status> {
+        Ok(tonic::Response::new(EncodedReply(self.reply.clone())))
+    }
+}
+
+/// The generated server, its requests capped at `max_request_bytes` in total (tonic's unary
+/// path reads a request body to its end) and each message at `max_message_bytes`.
+pub fn generated_service(
+    json_info: String,
+    max_request_bytes: usize,
+    max_message_bytes: usize,
+) -> CappedRequests<crate::generated::sglang_service_server::SglangServiceServer<GeneratedSnapshot>>
+{
+    let server =
+        crate::generated::sglang_service_server::SglangServiceServer::new(GeneratedSnapshot {
+            reply: encode_reply(json_info),
+        })
+        .max_decoding_message_size(max_message_bytes);
+    CappedRequests {
+        inner: server,
+        limit: max_request_bytes,
+    }
+}
+
+/// Wraps every request body in a [`CappedBody`].
+#[derive(Clone)]
+pub struct CappedRequests<S> {
+    inner: S,
+    limit: usize,
+}
+
+impl<S: NamedService> NamedService for CappedRequests<S> {
+    const NAME: &'static str = S::NAME;
+}
+
+impl<S> Service<Request<Body>> for CappedRequests<S>
+where
+    S: Service<Request<CappedBody>>,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = S::Future;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<Body>) -> S::Future {
+        let limit = self.limit;
+        self.inner.call(request.map(|inner| CappedBody {
+            inner,
+            seen: 0,
+            limit,
+        }))
+    }
+}
+
+/// A request body that fails with RESOURCE_EXHAUSTED once more than `limit` bytes arrived.
+pub struct CappedBody {
+    inner: Body,
+    seen: usize,
+    limit: usize,
+}
+
+impl http_body::Body for CappedBody {
+    type Data = Bytes;
+    type Error = Status;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
+        let frame = match Pin::new(&mut self.inner).poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => frame,
+            other => return other,
+        };
+        if let Some(data) = frame.data_ref() {
+            self.seen = self.seen.saturating_add(data.len());
+            if self.seen > self.limit {
+                return Poll::Ready(Some(Err(Status::resource_exhausted(format!(
+                    "GetServerInfo request body exceeds {} bytes (max_request_bytes)",
+                    self.limit
+                )))));
+            }
+        }
+        Poll::Ready(Some(Ok(frame)))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
     }
 }

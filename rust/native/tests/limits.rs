@@ -129,6 +129,14 @@ async fn stream_body(server: &MetadataServer, size: usize, count: usize) -> (Cod
 
 use tokio_stream::StreamExt as _;
 
+/// The server answers RESOURCE_EXHAUSTED and resets the rest of the request (RST_STREAM
+/// NO_ERROR). A tonic client still writing when the reset lands sometimes reports its own
+/// broken pipe (UNKNOWN, "transport error") instead of the status it was sent; grpcio reports
+/// the status (tests/test_hostile_input.py).
+fn refused(code: Code) -> bool {
+    matches!(code, Code::ResourceExhausted | Code::Unknown)
+}
+
 #[tokio::test]
 async fn a_large_request_message_is_refused_before_the_body_is_read() {
     let server = start_with(Limits::default());
@@ -148,7 +156,7 @@ async fn many_small_request_messages_are_refused_past_max_request_bytes() {
     });
     // 100,000 empty messages (5 bytes of framing each), far past 1 KiB in total.
     let (code, produced) = stream_body(&server, 0, 100_000).await;
-    assert_eq!(code, Code::ResourceExhausted);
+    assert!(refused(code), "{code:?}");
     assert!(produced < 100_000, "the whole body was read");
     assert_answers(&server).await;
     shutdown(server).await;
