@@ -11,7 +11,7 @@ WHEEL_DIR := dist
 SGLANG_RELEASES ?= ci
 
 .PHONY: venv build-dev wheel install lint rust-check python-lint test test-unit test-registered \
-	selftest benchmark hostile clean
+	benchmark-smoke selftest benchmark hostile clean
 
 venv: $(PY)
 $(PY):
@@ -49,7 +49,12 @@ test-unit:
 test-registered:
 	$(PY) scripts/sglang_envs.py test --releases $(SGLANG_RELEASES) --wheel-dir $(WHEEL_DIR)
 
-test: rust-check install python-lint test-unit test-registered
+test: rust-check install python-lint test-unit test-registered benchmark-smoke
+
+# Every benchmark row once with tiny durations, nothing written: keeps `make benchmark` from
+# rotting (runs after test-registered, whose cached SGLang envs rows 4 and 5 use).
+benchmark-smoke: install
+	$(PY) scripts/bench.py --smoke
 
 selftest: install
 	$(VENV)/bin/sglang-sidecar-overlay selftest

@@ -33,6 +33,7 @@ import json
 import os
 import platform
 import shlex
+import shutil
 import socket
 import statistics
 import subprocess
@@ -557,15 +558,18 @@ print(json.dumps({"import_framework": t1 - t0, "load_plugins": t2 - t1,
 def plugin_cost(python: str | None, runs: int) -> dict[str, Any]:
     """Row 5: ``load_plugins()`` with this plugin allowed vs SGLANG_PLUGINS excluding it.
 
-    The project is put on the path with a throwaway dist-info carrying only its entry point, so
-    the SGLang env itself is not modified.
+    The installed package (as the wheel laid it out, bytecode included) is copied onto the path
+    with a throwaway dist-info carrying only its entry point, so the SGLang env itself is not
+    modified.
     """
     if python is None:
         return {"error": "no Python with SGLang"}
-    if not (ROOT / "python" / "sglang_sidecar_overlay" / "plugin.py").exists():
-        return {"error": "sglang_sidecar_overlay.plugin does not exist yet"}
+    import sglang_sidecar_overlay
+
+    installed = Path(sglang_sidecar_overlay.__file__).parent
     out: dict[str, list[float]] = {"with": [], "without": []}
     with tempfile.TemporaryDirectory(prefix="bench-plugin-") as site:
+        shutil.copytree(installed, Path(site) / "sglang_sidecar_overlay")
         dist = Path(site) / "sglang_sidecar_overlay-0.0.0.dist-info"
         dist.mkdir()
         (dist / "METADATA").write_text(
@@ -574,7 +578,7 @@ def plugin_cost(python: str | None, runs: int) -> dict[str, Any]:
         (dist / "entry_points.txt").write_text(
             "[sglang.srt.plugins]\nsidecar_overlay = sglang_sidecar_overlay.plugin:load\n"
         )
-        path = os.pathsep.join([site, str(ROOT / "python")])
+        path = site
         for _ in range(runs):
             for case, allowed in (("with", "sidecar_overlay"), ("without", "none_but_this")):
                 env = dict(os.environ, PYTHONPATH=path, SGLANG_PLUGINS=allowed)
@@ -779,7 +783,12 @@ def _render_plugin(results: dict[str, Any]) -> list[str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="short runs, for a smoke check")
+    parser.add_argument("--quick", action="store_true", help="short runs")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="every row once with tiny durations, nothing written; exit 1 if a row failed",
+    )
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--duration", type=float, default=2.0, help="measured seconds per run")
     parser.add_argument("--warmup", type=float, default=0.5)
@@ -800,9 +809,13 @@ def main() -> None:
         args.rounds, args.duration, args.warmup = 1, 0.5, 0.2
         args.startup_runs, args.sidecar_runs, args.sidecar_stop_runs = 3, 3, 1
         args.plugin_runs = 1
+    if args.smoke:
+        args.rounds, args.duration, args.warmup = 1, 0.2, 0.05
+        args.startup_runs, args.sidecar_runs, args.sidecar_stop_runs = 1, 1, 1
+        args.plugin_runs, args.no_write = 1, True
     command = "python scripts/bench.py " + " ".join(shlex.quote(a) for a in public_argv())
+    # The package is the installed wheel (make benchmark installs it), never the source tree.
     sys.path.insert(0, str(ROOT / "scripts"))
-    sys.path.insert(0, str(ROOT / "python"))
 
     extension = str(upstream_grpc_extension())
     client = build_client()
@@ -833,9 +846,27 @@ def main() -> None:
     results["service_shape"] = service_shape(client, extension, args)
     text = render(results, command.strip())
     print(text.split("\n## Raw results")[0])
-    if not args.no_write:
+    if args.smoke:
+        failed = _failed_rows(results)
+        if failed:
+            raise SystemExit(f"benchmark smoke: rows failed: {failed}")
+        print("benchmark smoke: every row ran")
+    elif not args.no_write:
         args.output.write_text(text)
         print(f"wrote {args.output.relative_to(ROOT)}")
+
+
+def _failed_rows(results: dict[str, Any]) -> list[str]:
+    """The rows whose results hold an ``error`` anywhere."""
+
+    def has_error(value: Any) -> bool:
+        if isinstance(value, dict):
+            return "error" in value or any(has_error(item) for item in value.values())
+        if isinstance(value, list):
+            return any(has_error(item) for item in value)
+        return False
+
+    return [row for row, value in results.items() if row != "args" and has_error(value)]
 
 
 if __name__ == "__main__":
