@@ -44,6 +44,7 @@ from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.test_utils import CustomTestCase
 from sglang_sidecar_overlay._native import MetadataServer, start_metadata_server
 from sglang_sidecar_overlay.contract import server_info
+from sglang_sidecar_overlay.contract.incarnation import Incarnation
 from sglang_sidecar_overlay.contract.sources import describe_source
 from sglang_sidecar_overlay.sidecar.supervisor import (
     ENDPOINT_FLAG,
@@ -176,6 +177,7 @@ class TestDynamoFollowerSidecar(CustomTestCase):
             launch_command="python -m sglang.launch_server --nnodes 2 --node-rank 1",
             kv_event_sources=sources,
             legacy_dp_size=legacy_dp_size,
+            incarnation=Incarnation.new(),
         )
         self.served_info = info
         server: MetadataServer = start_metadata_server(
@@ -306,7 +308,9 @@ class TestDynamoFollowerSidecar(CustomTestCase):
         """It re-reads GetServerInfo while waiting: the server must outlive the sidecar."""
         server_args = {**COMMON_ARGS, **ATTENTION_DP_0521, "dist_init_addr": self.dist_init_addr}
         source = describe_source(1, self.bound_endpoint, "", PAGE_SIZE)
-        info = server_info.build_server_info(server_args, {}, kv_event_sources=[source])
+        info = server_info.build_server_info(
+            server_args, {}, kv_event_sources=[source], incarnation=Incarnation.new()
+        )
         server = start_metadata_server("127.0.0.1", 0, server_info.render_server_info(info))
         self.addCleanup(server.shutdown)
         server.set_serving(True)
