@@ -440,9 +440,10 @@ def build_parser() -> argparse.ArgumentParser:
         description="Call GetServerInfo on HOST:PORT, check what a KV-aware router relies "
         "on (one line per problem, naming the field), read grpc.health.v1 when served and, "
         "with --listen, subscribe to every advertised KV-event source and its replay "
-        "endpoint. Run it on the node: advertised endpoints are node-local. Exit 0 when "
-        "nothing is wrong, 1 on a contract error (or a warning with --strict), 3 when the "
-        "node cannot be reached or is not SGLang.",
+        "endpoint. Run it on the node: advertised endpoints are node-local. --group checks "
+        "every node of one engine group and the group as a whole; --watch shows a live view. "
+        "Exit 0 when nothing is wrong, 1 on a contract error (or a warning with --strict), 3 "
+        "when the node (with --group: every node) cannot be reached or is not SGLang.",
     )
     probe.add_argument(
         "target", metavar="HOST:PORT", nargs="?", help="the node's native gRPC address"
