@@ -18,7 +18,8 @@ What the released consumer does with each snapshot:
 - a follower with ``kv_event_sources: []``: refused, so the overlay must never launch it there;
 - the metadata server going away while it waits: it exits within its 5 s re-check, so the node
   must stop the sidecar before its metadata server;
-- the endpoint: 1.6.1 reads only ``--grpc-endpoint`` (or ``DYN_SIDECAR_GRPC_ENDPOINT``), never
+- the endpoint: 1.6.1 reads only ``--grpc-endpoint`` or ``DYN_SIDECAR_GRPC_ENDPOINT`` (which the
+  overlay's supervisor sets, so no ``--sidecar-args`` are needed), never
   ``SGLANG_GRPC_ENDPOINT``, and refuses ``--sglang-endpoint`` in argv.
 
 Requires ``ai-dynamo`` and ``ai-dynamo-runtime`` in the environment:
@@ -319,13 +320,14 @@ class TestDynamoFollowerSidecar(CustomTestCase):
         server.shutdown()
         self.wait_for_refusal("local SGLang metadata server unavailable", after_wait=True)
 
-    def test_endpoint_must_be_passed_as_grpc_endpoint(self) -> None:
-        """1.6.1 reads neither SGLANG_GRPC_ENDPOINT nor ``--sglang-endpoint``."""
+    def test_supervisor_passes_the_endpoint_no_sidecar_args_needed(self) -> None:
+        """1.6.1 reads DYN_SIDECAR_GRPC_ENDPOINT, which the overlay's supervisor sets; it reads
+        neither SGLANG_GRPC_ENDPOINT nor ``--sglang-endpoint``."""
         endpoint = self.serve_follower(ATTENTION_DP_0521, legacy_dp_size=False)
-        with self.subTest("environment only"):
-            self.start_consumer(endpoint, pass_grpc_endpoint=False)
-            self.wait_for_refusal("--grpc-endpoint")
-            self.assertIn("exited with code 2", self.fatal_reasons[0])
+        with self.subTest("no --grpc-endpoint: the supervisor's DYN_SIDECAR_GRPC_ENDPOINT"):
+            supervisor = self.start_consumer(endpoint, pass_grpc_endpoint=False)
+            self.wait_for_log(WAITING_FOR_LEADER)
+            supervisor.stop()
         with self.subTest("endpoint flag in argv"):
             self.start_consumer(endpoint, endpoint_in_argv=True)
             self.wait_for_refusal(f"unexpected argument '{ENDPOINT_FLAG}'")
