@@ -11,7 +11,7 @@ WHEEL_DIR := dist
 SGLANG_RELEASES ?= ci
 
 .PHONY: venv build-dev wheel install lint rust-check python-lint test test-unit test-registered \
-	benchmark-smoke selftest benchmark hostile clean
+	benchmark-smoke selftest benchmark hostile wheel-portable sdist-check clean
 
 venv: $(PY)
 $(PY):
@@ -66,5 +66,27 @@ benchmark: install
 hostile: install
 	$(PY) scripts/hostile.py
 
+# Installs everywhere (each a full release build of the native module, so not part of `make test`).
+# An abi3 wheel for glibc 2.17+ (manylinux2014), linked by zig from PyPI's ziglang; auditwheel
+# must confirm the tag.
+PORTABLE_DIR := dist-portable
+wheel-portable: venv
+	$(PIP) install --quiet ziglang auditwheel
+	rm -rf $(PORTABLE_DIR)
+	PATH="$(abspath $(VENV))/bin:$$PATH" $(VENV)/bin/maturin build --release --zig \
+		--compatibility manylinux2014 --out $(PORTABLE_DIR)
+	$(VENV)/bin/auditwheel show $(PORTABLE_DIR)/*.whl
+
+# The path for machines without a prebuilt wheel (other architectures): the sdist, installed by
+# pip into a fresh virtualenv (cargo builds the native module), then the selftest.
+SDIST_DIR := dist-sdist
+SDIST_VENV := .sdist-venv
+sdist-check: venv
+	rm -rf $(SDIST_DIR) $(SDIST_VENV)
+	$(VENV)/bin/maturin sdist --out $(SDIST_DIR)
+	$(PYTHON) -m venv $(SDIST_VENV)
+	$(SDIST_VENV)/bin/pip install --quiet $(SDIST_DIR)/*.tar.gz
+	$(SDIST_VENV)/bin/sglang-sidecar-overlay selftest
+
 clean:
-	rm -rf $(WHEEL_DIR) target $(VENV)
+	rm -rf $(WHEEL_DIR) $(PORTABLE_DIR) $(SDIST_DIR) $(SDIST_VENV) target $(VENV)

@@ -129,6 +129,7 @@ def test_tcp_bind_forms_are_advertised_and_subscribable(zmq_socket, bind, host):
         "endpoint": f"tcp://{host}:{port}",
         "topic": "kv",
         "block_size": 64,
+        "encoding": "msgpack",
     }
     sub = subscribe(zmq_socket, source["endpoint"], source["topic"])
     assert_received_in_wire_format(publish_until_received(pub, sub, "kv", 3), "kv", 3)
@@ -344,7 +345,13 @@ def test_normalize_endpoint_table(endpoint, expected):
 
 
 def _source(rank: int, port: int, replay_port: int | None = None) -> dict:
-    source = {"dp_rank": rank, "endpoint": f"tcp://127.0.0.1:{port}", "topic": "", "block_size": 16}
+    source = {
+        "dp_rank": rank,
+        "endpoint": f"tcp://127.0.0.1:{port}",
+        "topic": "",
+        "block_size": 16,
+        "encoding": "msgpack",
+    }
     if replay_port is not None:
         source["replay_endpoint"] = f"tcp://127.0.0.1:{replay_port}"
     return source

@@ -13,6 +13,7 @@ import jsonschema
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from sglang_sidecar_overlay.contract.incarnation import CONTRACT_VERSION, Incarnation
 from sglang_sidecar_overlay.contract.redaction import (
     REDACTED,
     is_secret_name,
@@ -33,6 +34,8 @@ from sglang_sidecar_overlay.contract.sources import SourceConflictError, describ
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE_SCHEMA = REPO / "python" / "sglang_sidecar_overlay" / "contract" / "server-info.schema.json"
 DOCS_SCHEMA = REPO / "docs" / "server-info.schema.json"
+# A fixed launch keeps the builder's output deterministic in these tests.
+LAUNCH = Incarnation(id="0123456789abcdef" * 2, started_at=1_700_000_000.25)
 
 
 @pytest.fixture(scope="module")
@@ -169,6 +172,7 @@ def test_leader_server_info(validator):
         {**READY, "kv_event_sources": [source]},
         launch_command=COMMAND,
         kv_events=KV_EVENTS,
+        incarnation=LAUNCH,
     )
     validator.validate(info)
     assert info["kv_event_sources"] == [
@@ -177,9 +181,12 @@ def test_leader_server_info(validator):
             "endpoint": "tcp://127.0.0.1:5557",
             "topic": "",
             "block_size": 16,
+            "encoding": "msgpack",
             "replay_endpoint": "tcp://127.0.0.1:5600",
         }
     ]
+    assert info["contract_version"] == CONTRACT_VERSION == 2
+    assert info["incarnation"] == {"id": "0123456789abcdef" * 2, "started_at": 1_700_000_000.25}
     assert info["kv_events"] == KV_EVENTS
     assert info["kv_event_rank_space"] == {
         "size": 1,
@@ -196,7 +203,9 @@ def test_follower_server_info_attention_dp(validator):
     # 0.5.22+ `--dp 2 --enable-dp-attention` on two nodes: the follower owns rank 1.
     args = _server_args(node_rank=1, attn_dp_size=2, enable_dp_attention=True)
     sources = [describe_source(1, "tcp://*:5558", "", 16)]
-    info = build_server_info(args, READY, kv_events=KV_EVENTS, kv_event_sources=sources)
+    info = build_server_info(
+        args, READY, kv_events=KV_EVENTS, kv_event_sources=sources, incarnation=LAUNCH
+    )
     validator.validate(info)
     assert info["dp_size"] == 1 and info["attn_dp_size"] == 2
     assert info["kv_event_rank_space"] == {
@@ -211,7 +220,9 @@ def test_follower_server_info_attention_dp(validator):
 def test_legacy_dp_size_reports_publisher_count(validator):
     args = _server_args(node_rank=1, attn_dp_size=2, enable_dp_attention=True)
     sources = [describe_source(1, "tcp://*:5558", "", 16)]
-    info = build_server_info(args, READY, kv_event_sources=sources, legacy_dp_size=True)
+    info = build_server_info(
+        args, READY, kv_event_sources=sources, legacy_dp_size=True, incarnation=LAUNCH
+    )
     validator.validate(info)
     assert info["dp_size"] == 2
     assert info["attn_dp_size"] == 2
@@ -225,15 +236,17 @@ def test_legacy_dp_size_changes_nothing_on_the_old_generation(validator):
     args = _server_args(dp_size=2, enable_dp_attention=True)
     del args["attn_dp_size"]
     sources = [describe_source(0, "tcp://*:5557", "", 16)]
-    plain = build_server_info(args, READY, kv_event_sources=sources)
-    legacy = build_server_info(args, READY, kv_event_sources=sources, legacy_dp_size=True)
+    plain = build_server_info(args, READY, kv_event_sources=sources, incarnation=LAUNCH)
+    legacy = build_server_info(
+        args, READY, kv_event_sources=sources, legacy_dp_size=True, incarnation=LAUNCH
+    )
     validator.validate(plain)
     assert plain == legacy
     assert "attn_dp_size" not in plain
 
 
 def test_node_without_publishers(validator):
-    info = build_server_info(_server_args(node_rank=1), READY)
+    info = build_server_info(_server_args(node_rank=1), READY, incarnation=LAUNCH)
     validator.validate(info)
     assert info["kv_event_sources"] == []
     assert info["kv_event_rank_space"]["local_ranks"] == []
@@ -244,16 +257,18 @@ def test_sources_default_to_scheduler_info_and_are_aggregated():
     a = describe_source(1, "tcp://*:5558", "", 16)
     b = describe_source(0, "tcp://*:5557", "", 16)
     args = _server_args(dp_size=2, attn_dp_size=1)
-    info = build_server_info(args, {**READY, "kv_event_sources": [a, b, a]})
+    info = build_server_info(args, {**READY, "kv_event_sources": [a, b, a]}, incarnation=LAUNCH)
     assert [source["dp_rank"] for source in info["kv_event_sources"]] == [0, 1]
-    explicit = build_server_info(args, {**READY, "kv_event_sources": [a]}, kv_event_sources=[b])
+    explicit = build_server_info(
+        args, {**READY, "kv_event_sources": [a]}, kv_event_sources=[b], incarnation=LAUNCH
+    )
     assert [source["dp_rank"] for source in explicit["kv_event_sources"]] == [0]
 
 
 def test_source_rank_outside_rank_space_is_refused():
     sources = [describe_source(1, "tcp://*:5558", "", 16)]
     with pytest.raises(ValueError, match=r"dp_rank 1 .* size 1"):
-        build_server_info(_server_args(), READY, kv_event_sources=sources)
+        build_server_info(_server_args(), READY, kv_event_sources=sources, incarnation=LAUNCH)
 
 
 def test_conflicting_sources_are_refused():
@@ -262,18 +277,18 @@ def test_conflicting_sources_are_refused():
         describe_source(0, "tcp://*:5558", "", 16),
     ]
     with pytest.raises(SourceConflictError):
-        build_server_info(_server_args(), READY, kv_event_sources=sources)
+        build_server_info(_server_args(), READY, kv_event_sources=sources, incarnation=LAUNCH)
 
 
 def test_launch_command_from_server_args_is_kept_and_redacted():
-    info = build_server_info(_server_args(launch_command=COMMAND), READY)
+    info = build_server_info(_server_args(launch_command=COMMAND), READY, incarnation=LAUNCH)
     assert info["launch_command"].startswith("python -m sglang.launch_server")
     assert "sk-live-123" not in info["launch_command"]
 
 
 def test_builder_does_not_mutate_its_inputs():
     args, ready, events = _server_args(), dict(READY), json.loads(json.dumps(KV_EVENTS))
-    build_server_info(args, ready, kv_events=events, launch_command=COMMAND)
+    build_server_info(args, ready, kv_events=events, launch_command=COMMAND, incarnation=LAUNCH)
     assert args == _server_args() and ready == READY and events == KV_EVENTS
 
 
@@ -302,7 +317,7 @@ def test_non_json_values_are_rendered_as_text():
         by_id={1: "x"},
         started=datetime.datetime(2026, 1, 2, 3, 4, 5),
     )
-    info = build_server_info(args, READY)
+    info = build_server_info(args, READY, incarnation=LAUNCH)
     assert info["disaggregation_mode"] == "decode"
     assert info["model_path"] == "/models/qwen"
     assert info["lora"] == {"name": "a", "rank": 8}
@@ -317,8 +332,12 @@ def test_non_json_values_are_rendered_as_text():
 
 def test_render_is_deterministic_and_keeps_non_ascii():
     args = _server_args(served_model_name="通义千问-é")
-    first = render_server_info(build_server_info(args, READY, launch_command=COMMAND))
-    second = render_server_info(build_server_info(dict(args), dict(READY), launch_command=COMMAND))
+    first = render_server_info(
+        build_server_info(args, READY, launch_command=COMMAND, incarnation=LAUNCH)
+    )
+    second = render_server_info(
+        build_server_info(dict(args), dict(READY), launch_command=COMMAND, incarnation=LAUNCH)
+    )
     assert first == second
     assert "通义千问-é" in first
     assert "\\u" not in first
@@ -475,7 +494,7 @@ def test_schema_secret_pattern_agrees_with_is_secret_name(name):
 
 
 def test_schema_rejects_an_unredacted_secret(validator):
-    info = build_server_info(_server_args(), READY)
+    info = build_server_info(_server_args(), READY, incarnation=LAUNCH)
     info["api_key"] = "sk-live-123"
     assert not validator.is_valid(info)
 
@@ -485,13 +504,13 @@ def test_schema_rejects_an_unredacted_secret(validator):
     ["tcp://*:5557", "tcp://0.0.0.0:5557", "tcp://[::]:5557", "tcp://h:0", "ipc://rel.sock"],
 )
 def test_schema_rejects_undialable_endpoints(validator, endpoint):
-    info = build_server_info(_server_args(), READY)
+    info = build_server_info(_server_args(), READY, incarnation=LAUNCH)
     info["kv_event_sources"] = [{"dp_rank": 0, "endpoint": endpoint, "topic": "", "block_size": 16}]
     assert not validator.is_valid(info)
 
 
 def test_schema_rejects_a_changed_rank_space_shape(validator):
-    info = build_server_info(_server_args(), READY)
+    info = build_server_info(_server_args(), READY, incarnation=LAUNCH)
     info["kv_event_rank_space"]["extra"] = 1
     assert not validator.is_valid(info)
     del info["kv_event_rank_space"]

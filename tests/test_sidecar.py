@@ -20,6 +20,7 @@ from sglang_sidecar_overlay.sidecar.supervisor import (
     backoff_delay,
     build_sidecar_endpoint,
     describe_exit,
+    sidecar_environment,
 )
 from sidecar_providers.harness import Supervisors, read_report, wait_for
 
@@ -187,6 +188,41 @@ def test_main_gets_exactly_provider_args_and_endpoint(supervise, tmp_path, in_ar
     assert got["argv"] == [*expected_argv, *provider_args]
     assert got["endpoint_env"] == "http://127.0.0.1:30001"
     assert fatal.calls == []
+
+
+def test_dynamo_endpoint_variable_is_given_unless_the_operator_set_it(
+    supervise, tmp_path, monkeypatch
+) -> None:
+    # NVIDIA Dynamo's released sidecar reads only DYN_SIDECAR_GRPC_ENDPOINT or --grpc-endpoint.
+    monkeypatch.delenv("DYN_SIDECAR_GRPC_ENDPOINT", raising=False)
+    report = str(tmp_path / "r.json")
+    sup, _ = supervise("serve", ["--report", report])
+    sup.start()
+    got = read_report(report)
+    assert got["dynamo_endpoint_env"] == got["endpoint_env"] == "http://127.0.0.1:30001"
+    sup.stop()
+
+    monkeypatch.setenv("DYN_SIDECAR_GRPC_ENDPOINT", "http://10.1.2.3:40000")
+    operator_report = str(tmp_path / "operator.json")
+    sup, _ = supervise("serve", ["--report", operator_report])
+    sup.start()
+    got = read_report(operator_report)
+    assert got["dynamo_endpoint_env"] == "http://10.1.2.3:40000"
+    assert got["endpoint_env"] == "http://127.0.0.1:30001"
+
+
+def test_sidecar_environment_keeps_the_operators_dynamo_endpoint() -> None:
+    env = sidecar_environment({"PATH": "/bin"}, "http://[::1]:5")
+    assert env == {
+        "PATH": "/bin",
+        "SGLANG_GRPC_ENDPOINT": "http://[::1]:5",
+        "DYN_SIDECAR_GRPC_ENDPOINT": "http://[::1]:5",
+    }
+    mine = {"DYN_SIDECAR_GRPC_ENDPOINT": "", "SGLANG_GRPC_ENDPOINT": "http://old:1"}
+    assert sidecar_environment(mine, "http://127.0.0.1:7") == {
+        "DYN_SIDECAR_GRPC_ENDPOINT": "",
+        "SGLANG_GRPC_ENDPOINT": "http://127.0.0.1:7",
+    }
 
 
 def test_child_imports_nothing_heavy_before_main(supervise, tmp_path) -> None:

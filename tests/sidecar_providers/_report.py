@@ -18,6 +18,7 @@ def write_report(argv: list[str], suffix: str = "", **extra: object) -> None:
     data = {
         "argv": list(argv),
         "endpoint_env": os.environ.get("SGLANG_GRPC_ENDPOINT"),
+        "dynamo_endpoint_env": os.environ.get("DYN_SIDECAR_GRPC_ENDPOINT"),
         "pid": os.getpid(),
         "ppid": os.getppid(),
         "pgid": os.getpgid(0),

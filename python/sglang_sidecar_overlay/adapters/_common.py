@@ -14,6 +14,7 @@ from typing import Any
 
 from sglang_sidecar_overlay.adapters import _sglang, _sidecar
 from sglang_sidecar_overlay.contract.endpoints import is_bind_endpoint
+from sglang_sidecar_overlay.contract.incarnation import begin_launch, launch_incarnation
 from sglang_sidecar_overlay.contract.server_info import (
     build_server_info,
     legacy_dp_size_enabled,
@@ -74,6 +75,12 @@ def scheduler_block_size(scheduler: Any) -> int:
 # --- engine side -------------------------------------------------------------------------------
 
 
+def begin_node_launch() -> None:
+    """A new incarnation for this launch of the node; called before its schedulers start."""
+    incarnation = begin_launch()
+    logger.info("node launch incarnation %s", incarnation.id)
+
+
 def collected_sources(infos: Iterable[Mapping], extra: Iterable[Mapping] = ()) -> list[dict]:
     """Every local scheduler's sources as reported; the builder aggregates and checks them."""
     collected: list[dict] = []
@@ -88,6 +95,7 @@ def node_server_info(server_args: Any, scheduler_info: Mapping[str, Any]) -> dic
     return build_server_info(
         _sglang.server_args_dict(server_args),
         scheduler_info,
+        incarnation=launch_incarnation(),
         launch_command=getattr(server_args, "launch_command", None),
         kv_events=_sglang.kv_events_descriptor(server_args),
         legacy_dp_size=legacy_dp_size_enabled(),
@@ -99,6 +107,7 @@ def rebuild_server_info(upstream: Mapping[str, Any]) -> dict:
     return build_server_info(
         upstream,
         {},
+        incarnation=launch_incarnation(),
         launch_command=upstream.get("launch_command"),
         kv_events=upstream.get("kv_events"),
         kv_event_sources=upstream.get("kv_event_sources") or [],

@@ -63,6 +63,7 @@ def after_get_init_info(result: dict, scheduler: Any, *args: Any, **kwargs: Any)
 
 
 def around_launch_schedulers(original: Any, cls: Any, server_args: Any, *args: Any, **kwargs):
+    _common.begin_node_launch()
     if not _sglang.native_grpc_enabled():
         return original(cls, server_args, *args, **kwargs)
     channel = _side_channel.SideChannel()

@@ -56,6 +56,7 @@ def around_start_follower(
 
 
 def around_launch_schedulers(original: Any, cls: Any, *args: Any, **kwargs: Any):
+    _common.begin_node_launch()
     init_result, procs = original(cls, *args, **kwargs)
     _current_launch["init_result"] = init_result
     _current_launch["procs"] = procs

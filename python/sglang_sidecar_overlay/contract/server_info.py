@@ -19,12 +19,18 @@ from typing import Any
 
 import msgspec
 
+from sglang_sidecar_overlay.contract.incarnation import (
+    CONTRACT_VERSION,
+    Incarnation,
+    check_incarnation,
+)
 from sglang_sidecar_overlay.contract.redaction import redact
 from sglang_sidecar_overlay.contract.sources import aggregate_sources
 
 logger = logging.getLogger("sglang_sidecar_overlay.contract.server_info")
 
 __all__ = [
+    "CONTRACT_VERSION",
     "LEGACY_DP_SIZE_ENV",
     "build_server_info",
     "legacy_dp_size_enabled",
@@ -112,6 +118,7 @@ def build_server_info(
     server_args: Mapping[str, Any],
     scheduler_info: Mapping[str, Any],
     *,
+    incarnation: Incarnation | Mapping[str, Any],
     launch_command: str | None = None,
     kv_events: Mapping[str, Any] | None = None,
     kv_event_sources: Iterable[Mapping] | None = None,
@@ -119,12 +126,19 @@ def build_server_info(
 ) -> dict:
     """The redacted, JSON-ready ``GetServerInfo`` object of one node.
 
+    ``incarnation`` is the launch this snapshot belongs to (``contract.incarnation``): the
+    caller chooses it once per launch, so the same inputs always build the same object.
     ``kv_event_sources`` defaults to the scheduler info's own list (``[]`` when absent).
     Raises ``SourceConflictError`` for conflicting sources and ``ValueError`` for a source
     rank outside the publisher-rank space.
     """
     if kv_event_sources is None:
         kv_event_sources = scheduler_info.get("kv_event_sources") or []
+    if isinstance(incarnation, Incarnation):
+        launch = incarnation.to_json()
+    else:
+        check_incarnation(incarnation)
+        launch = dict(incarnation)
     sources = aggregate_sources(kv_event_sources)
     space = rank_space(server_args, (source["dp_rank"] for source in sources))
 
@@ -135,6 +149,8 @@ def build_server_info(
     info["kv_events"] = kv_events
     info["kv_event_sources"] = sources
     info["kv_event_rank_space"] = space
+    info["contract_version"] = CONTRACT_VERSION
+    info["incarnation"] = launch
     if legacy_dp_size:
         # Pre-0.5.22 meaning for consumers that check dp_rank < dp_size.
         info["dp_size"] = space["size"]

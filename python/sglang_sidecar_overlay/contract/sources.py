@@ -18,13 +18,19 @@ from sglang_sidecar_overlay.contract.endpoints import normalize_endpoint
 logger = logging.getLogger("sglang_sidecar_overlay.contract.sources")
 
 __all__ = [
+    "DEFAULT_ENCODING",
     "SourceConflictError",
     "aggregate_sources",
     "describe_source",
 ]
 
 _SOURCE_KEYS = ("dp_rank", "endpoint", "topic", "block_size")
-_OPTIONAL_KEYS = ("replay_endpoint",)
+_OPTIONAL_KEYS = ("encoding", "replay_endpoint")
+
+# The wire format of the event batches (third frame of a live message): SGLang's
+# ZmqEventPublisher packs every KVEventBatch with msgspec's msgpack encoder. An entry reported
+# without ``encoding`` (upstream 0.5.22+ schedulers) comes from that publisher.
+DEFAULT_ENCODING = "msgpack"
 
 
 class SourceConflictError(ValueError):
@@ -37,15 +43,18 @@ def describe_source(
     topic: str,
     block_size: int,
     replay_endpoint: str | None = None,
+    encoding: str = DEFAULT_ENCODING,
 ) -> dict | None:
     """One ``kv_event_sources`` entry for a bound publisher, or None when not subscribable.
 
     ``bound_endpoint`` and ``replay_endpoint`` are what the sockets report after bind
     (ZMQ ``LAST_ENDPOINT``); pass ``None`` for a connect-style publisher or no replay socket.
-    ``block_size`` is page_size × dcp_size, the size a router must hash with.
+    ``block_size`` is page_size × dcp_size, the size a router must hash with; ``encoding``
+    the wire format of the event batches.
     """
     _check_rank(dp_rank)
     _check_block_size(block_size)
+    _check_encoding(encoding)
     if not isinstance(topic, str):
         raise TypeError(f"topic must be a str, got {topic!r}")
     endpoint = normalize_endpoint(bound_endpoint)
@@ -57,6 +66,7 @@ def describe_source(
         "endpoint": endpoint,
         "topic": topic,
         "block_size": block_size,
+        "encoding": encoding,
     }
     replay = normalize_endpoint(replay_endpoint)
     if replay is not None:
@@ -79,8 +89,17 @@ def _check_block_size(block_size: Any) -> None:
         )
 
 
+def _check_encoding(encoding: Any) -> None:
+    if not isinstance(encoding, str) or not encoding or encoding != encoding.strip():
+        raise ValueError(
+            f"encoding must be a non-empty name such as {DEFAULT_ENCODING!r}, got {encoding!r}"
+        )
+
+
 def aggregate_sources(sources: Iterable[Mapping]) -> list[dict]:
     """A node's sources: exact duplicates dropped, sorted by ``dp_rank``, conflicts refused.
+
+    Every returned entry carries ``encoding``; an entry without one gets ``DEFAULT_ENCODING``.
 
     Raises ``SourceConflictError`` when two entries share a rank but differ, or when one
     address (endpoint or replay endpoint) is claimed by two ranks; ``ValueError`` for a
@@ -129,6 +148,12 @@ def _checked_source(raw: Mapping) -> dict:
     if not isinstance(raw["topic"], str):
         raise ValueError(f"KV source {dict(raw)!r}: topic must be a str")
     source = {key: raw[key] for key in _SOURCE_KEYS}
+    encoding = raw.get("encoding", DEFAULT_ENCODING)
+    try:
+        _check_encoding(encoding)
+    except ValueError as exc:
+        raise ValueError(f"KV source {dict(raw)!r}: {exc}") from None
+    source["encoding"] = encoding
     _check_advertisable(raw["endpoint"], raw)
     if raw.get("replay_endpoint") is not None:
         _check_advertisable(raw["replay_endpoint"], raw)

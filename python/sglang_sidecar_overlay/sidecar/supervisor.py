@@ -10,7 +10,9 @@ What runs where:
   provider, which imports ``module`` and calls ``main(argv)``; the shim outlives the provider
   long enough to kill and reap whatever the provider left behind, then mirrors its exit status.
 - The server's gRPC endpoint reaches the provider in the ``SGLANG_GRPC_ENDPOINT`` environment
-  variable and, when ``endpoint_in_argv`` is set, as ``--sglang-endpoint <endpoint>`` in argv.
+  variable, in ``DYN_SIDECAR_GRPC_ENDPOINT`` too unless the operator set that one (NVIDIA
+  Dynamo's released sidecar reads only it or ``--grpc-endpoint``), and, when
+  ``endpoint_in_argv`` is set, as ``--sglang-endpoint <endpoint>`` in argv.
 
 When it stops:
 - :meth:`SidecarSupervisor.stop`: SIGTERM to the sidecar's process group (and to descendants that
@@ -39,7 +41,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Literal
 
 from sglang_sidecar_overlay.contract.endpoints import format_host_port, loopback_for
@@ -48,6 +50,8 @@ from sglang_sidecar_overlay.sidecar import proctree, shim
 logger = logging.getLogger("sglang_sidecar_overlay.sidecar")
 
 ENDPOINT_ENV = "SGLANG_GRPC_ENDPOINT"
+# NVIDIA Dynamo's sidecar (ai-dynamo 1.6.1) reads its endpoint from here or --grpc-endpoint.
+DYNAMO_ENDPOINT_ENV = "DYN_SIDECAR_GRPC_ENDPOINT"
 ENDPOINT_FLAG = "--sglang-endpoint"
 
 RestartPolicy = Literal["never", "on-failure"]
@@ -64,6 +68,17 @@ _BOOTSTRAP = (
     "import sys; sys.path.insert(0, sys.argv[2]); "
     "from sglang_sidecar_overlay.sidecar.shim import main; main()"
 )
+
+
+def sidecar_environment(environ: Mapping[str, str], endpoint: str) -> dict[str, str]:
+    """The sidecar's environment: ``environ`` plus the endpoint in both variables.
+
+    ``SGLANG_GRPC_ENDPOINT`` is always this server's; ``DYN_SIDECAR_GRPC_ENDPOINT`` only when
+    the operator did not set it.
+    """
+    env = {**environ, ENDPOINT_ENV: endpoint}
+    env.setdefault(DYNAMO_ENDPOINT_ENV, endpoint)
+    return env
 
 
 def build_sidecar_endpoint(host: str, port: int) -> str:
@@ -401,7 +416,7 @@ class SidecarSupervisor:
                         str(control_r),
                     ],
                     stdin=subprocess.DEVNULL,
-                    env={**os.environ, ENDPOINT_ENV: self.endpoint},
+                    env=sidecar_environment(os.environ, self.endpoint),
                     pass_fds=(control_r,),
                     start_new_session=True,
                 )

@@ -17,6 +17,7 @@ import argparse
 import importlib.util
 import json
 import logging
+import math
 import os
 import sys
 from collections.abc import Mapping, Sequence
@@ -237,9 +238,25 @@ def _verdict(ok: bool, errors: int, warnings: int) -> str:
     )
 
 
+EXIT_USAGE = 2
+
+
 def cmd_probe(args: argparse.Namespace, out: TextIO) -> int:
     from sglang_sidecar_overlay.tools import probe
 
+    if (args.target is None) == (args.group is None):
+        print("probe: give one HOST:PORT or --group HOST:PORT HOST:PORT ...", file=sys.stderr)
+        return EXIT_USAGE
+    if args.watch is not None:
+        if args.json or args.listen is not None:
+            print("probe: --watch cannot be combined with --json or --listen", file=sys.stderr)
+            return EXIT_USAGE
+        from sglang_sidecar_overlay.tools.probe.watch import run_watch
+
+        duration = None if math.isinf(args.watch) else args.watch
+        return run_watch(args.group or [args.target], out, duration=duration, timeout=args.timeout)
+    if args.group is not None:
+        return _probe_group(args, out)
     report = probe.run_probe(
         args.target, timeout=args.timeout, listen_seconds=args.listen, strict=args.strict
     )
@@ -257,6 +274,61 @@ def cmd_probe(args: argparse.Namespace, out: TextIO) -> int:
         strict = " --strict" if args.strict and warnings else ""
         print(_verdict(report.ok, errors, warnings) + strict, file=out)
     return report.exit_code()
+
+
+def _probe_group(args: argparse.Namespace, out: TextIO) -> int:
+    from sglang_sidecar_overlay.tools.probe import ERROR, WARNING
+    from sglang_sidecar_overlay.tools.probe.group import run_group_probe
+
+    report = run_group_probe(
+        args.group, timeout=args.timeout, listen_seconds=args.listen, strict=args.strict
+    )
+    if args.json:
+        _print_json(report.to_json(), out)
+        return report.exit_code()
+    marks = _marks(out)
+    print(f"probe --group: {len(report.targets)} node(s)", file=out)
+    for line in group_node_lines(report):
+        print(line, file=out)
+    for node in report.nodes:
+        bad = [f for f in node.findings if f.level in (ERROR, WARNING)]
+        if bad:
+            print(f"  {node.target}:", file=out)
+            _print_lines(
+                [(f.level, f.field or f.check, f.message) for f in bad], marks, out, "      "
+            )
+    print("group:", file=out)
+    _print_lines([(f.level, f.field or f.check, f.message) for f in report.findings], marks, out)
+    errors = report.count(ERROR) + sum(node.count(ERROR) for node in report.nodes)
+    warnings = report.count(WARNING) + sum(node.count(WARNING) for node in report.nodes)
+    print(_verdict(report.ok, errors, warnings), file=out)
+    return report.exit_code()
+
+
+def group_node_lines(report: Any) -> list[str]:
+    """One line per node: node_rank, address, its ranks, health, launch."""
+    lines = []
+    for node in sorted(
+        report.nodes, key=lambda n: repr((n.server_info or {}).get("node_rank", n.target))
+    ):
+        if node.error is not None:
+            lines.append(f"  {node.target}: not probed ({node.error.kind})")
+            continue
+        info = node.server_info or {}
+        sources = info.get("kv_event_sources")
+        ranks = (
+            ",".join(str(s.get("dp_rank")) for s in sources if isinstance(s, dict))
+            if isinstance(sources, list)
+            else "?"
+        )
+        launch = info.get("incarnation")
+        launch_id = launch.get("id") if isinstance(launch, dict) else None
+        health = (node.health or {}).get("status")
+        lines.append(
+            f"  node_rank {info.get('node_rank')}  {node.target}  ranks {ranks or 'none'}  "
+            f"health {health}  launch {str(launch_id)[:12]}"
+        )
+    return lines
 
 
 # --- selftest -----------------------------------------------------------------------------------
@@ -368,11 +440,34 @@ def build_parser() -> argparse.ArgumentParser:
         description="Call GetServerInfo on HOST:PORT, check what a KV-aware router relies "
         "on (one line per problem, naming the field), read grpc.health.v1 when served and, "
         "with --listen, subscribe to every advertised KV-event source and its replay "
-        "endpoint. Run it on the node: advertised endpoints are node-local. Exit 0 when "
-        "nothing is wrong, 1 on a contract error (or a warning with --strict), 3 when the "
-        "node cannot be reached or is not SGLang.",
+        "endpoint. Run it on the node: advertised endpoints are node-local. --group checks "
+        "every node of one engine group and the group as a whole; --watch shows a live view. "
+        "Exit 0 when nothing is wrong, 1 on a contract error (or a warning with --strict), 3 "
+        "when the node (with --group: every node) cannot be reached or is not SGLang.",
     )
-    probe.add_argument("target", metavar="HOST:PORT", help="the node's native gRPC address")
+    probe.add_argument(
+        "target", metavar="HOST:PORT", nargs="?", help="the node's native gRPC address"
+    )
+    probe.add_argument(
+        "--group",
+        metavar="HOST:PORT",
+        nargs="+",
+        default=None,
+        help="every node of one engine group (any order): probe each, then check the group "
+        "(one dist_init_addr and rank space, nnodes distinct node_ranks, every publisher rank "
+        "advertised exactly once, equal block sizes and topics, every node healthy)",
+    )
+    probe.add_argument(
+        "--watch",
+        metavar="SECONDS",
+        nargs="?",
+        type=_positive_float,
+        const=math.inf,
+        default=None,
+        help="live view per rank (events/s, last seq, gaps, resets, replayed, health), "
+        "redrawn in place on a terminal, line output otherwise; stops on Ctrl-C or after "
+        "SECONDS",
+    )
     probe.add_argument(
         "--listen",
         metavar="SECONDS",

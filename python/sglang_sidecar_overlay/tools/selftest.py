@@ -28,13 +28,17 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from sglang_sidecar_overlay.contract.incarnation import Incarnation
 from sglang_sidecar_overlay.tools import probe
+from sglang_sidecar_overlay.tools.probe.checks import describe_incarnation
 
 logger = logging.getLogger("sglang_sidecar_overlay.tools.selftest")
 
 __all__ = ["Check", "SelftestReport", "StandInPublisher", "run_selftest"]
 
 LOCAL_RANKS = (2, 3)
+# The simulated group's leader (node_rank 0), for the group check.
+LEADER_RANKS = (0, 1)
 TOPIC = "kv-selftest"
 PAGE_SIZE = 16
 DCP_SIZE = 1
@@ -200,8 +204,17 @@ def _wait_for(condition: Any, timeout: float) -> bool:
     return bool(condition())
 
 
-def node_snapshot(publishers: list[StandInPublisher], *, legacy_dp_size: bool) -> dict:
-    """The server info of the simulated follower, through the core builder."""
+def node_snapshot(
+    publishers: list[StandInPublisher],
+    *,
+    legacy_dp_size: bool,
+    incarnation: Incarnation | None = None,
+    node_rank: int = 1,
+) -> dict:
+    """The server info of a simulated node (the follower by default), through the core builder.
+
+    ``incarnation`` is the simulated launch; a fresh one when not given.
+    """
     from sglang_sidecar_overlay.contract.server_info import build_server_info
     from sglang_sidecar_overlay.contract.sources import describe_source
 
@@ -224,7 +237,7 @@ def node_snapshot(publishers: list[StandInPublisher], *, legacy_dp_size: bool) -
         "host": "127.0.0.1",
         "grpc_port": 0,
         "nnodes": 2,
-        "node_rank": 1,
+        "node_rank": node_rank,
         "dist_init_addr": "127.0.0.1:5000",
         "tp_size": 4,
         "dp_size": 1,
@@ -258,6 +271,7 @@ def node_snapshot(publishers: list[StandInPublisher], *, legacy_dp_size: bool) -
     return build_server_info(
         server_args,
         scheduler_info,
+        incarnation=Incarnation.new() if incarnation is None else incarnation,
         launch_command=launch_command,
         kv_events=kv_events,
         kv_event_sources=[source for source in sources if source is not None],
@@ -266,10 +280,12 @@ def node_snapshot(publishers: list[StandInPublisher], *, legacy_dp_size: bool) -
 
 
 @contextlib.contextmanager
-def _publishers(context: Any) -> Iterator[list[StandInPublisher]]:
+def _publishers(
+    context: Any, ranks: tuple[int, ...] = LOCAL_RANKS
+) -> Iterator[list[StandInPublisher]]:
     publishers: list[StandInPublisher] = []
     try:
-        for rank in LOCAL_RANKS:
+        for rank in ranks:
             publishers.append(StandInPublisher(context, rank))
         yield publishers
     finally:
@@ -317,7 +333,7 @@ def run_selftest(*, host: str = "127.0.0.1", listen_timeout: float = 10.0) -> Se
     context = zmq.Context()
     try:
         with _publishers(context) as publishers:
-            _run_steps(report, _native, publishers, host, listen_timeout)
+            _run_steps(report, _native, context, publishers, host, listen_timeout)
     except (OSError, zmq.ZMQError) as exc:
         report.add("sockets", False, f"could not bind on {host}: {exc}")
     except Exception as exc:
@@ -332,6 +348,7 @@ def run_selftest(*, host: str = "127.0.0.1", listen_timeout: float = 10.0) -> Se
 def _run_steps(
     report: SelftestReport,
     native: Any,
+    context: Any,
     publishers: list[StandInPublisher],
     host: str,
     listen_timeout: float,
@@ -352,7 +369,8 @@ def _run_steps(
     except ValueError as exc:
         report.add("server info built", False, str(exc))
         return
-    info = node_snapshot(publishers, legacy_dp_size=legacy)
+    launch = Incarnation.new()
+    info = node_snapshot(publishers, legacy_dp_size=legacy, incarnation=launch)
     text = render_server_info(info)
     advertised = [source["endpoint"] for source in info["kv_event_sources"]]
     ports_ok = [ep.rsplit(":", 1)[1] for ep in advertised] == [
@@ -365,6 +383,11 @@ def _run_steps(
         f"{len(text)} bytes, sources {advertised} (wildcard binds advertised on loopback)",
     ):
         return
+    report.add(
+        "incarnation",
+        info.get("incarnation") == launch.to_json(),
+        f"contract v{info.get('contract_version')}, {describe_incarnation(info)}",
+    )
     report.add(
         "secrets redacted",
         SECRET not in text,
@@ -386,6 +409,7 @@ def _run_steps(
         server.set_serving(True)
         report.add("metadata server", server.is_alive(), f"serving on {target}")
         _probe_step(report, publishers, target, info, listen_timeout)
+        _group_step(report, native, context, target, host, legacy)
         server.set_serving(False)
         health = probe.read_health(target, timeout=5)
         report.add(
@@ -403,6 +427,45 @@ def _run_steps(
             released = exc.kind == "unreachable"
             detail = f"after shutdown: {exc.kind}"
         report.add("shutdown", stopped and released, detail)
+
+
+def _group_step(
+    report: SelftestReport,
+    native: Any,
+    context: Any,
+    follower_target: str,
+    host: str,
+    legacy: bool,
+) -> None:
+    """Serve the group's leader too, then check both nodes as one group (``probe --group``)."""
+    from sglang_sidecar_overlay.contract.server_info import render_server_info
+    from sglang_sidecar_overlay.tools.probe.group import run_group_probe
+
+    with _publishers(context, LEADER_RANKS) as leader_publishers:
+        info = node_snapshot(leader_publishers, legacy_dp_size=legacy, node_rank=0)
+        with native.start_metadata_server(host, 0, render_server_info(info)) as server:
+            server.set_serving(True)
+            leader_target = probe.grpc_target(server.host, server.port)
+            # Follower first: the group check takes the nodes in any order.
+            result = run_group_probe([follower_target, leader_target], timeout=5)
+    problems = [f"{f.field}: {f.message}" for f in result.findings if f.level == probe.ERROR]
+    for node in result.nodes:
+        if not node.ok:
+            problems.append(f"{node.target} fails its own probe")
+    by_node: dict[Any, list[str]] = {}
+    for rank, owners in sorted(result.owners.items()):
+        for node_rank, _target in owners:
+            by_node.setdefault(node_rank, []).append(str(rank))
+    ranks = "; ".join(
+        f"{','.join(ranks)} on node_rank {node}" for node, ranks in sorted(by_node.items())
+    )
+    report.add(
+        "group check",
+        result.ok,
+        f"leader {leader_target} + follower {follower_target}: ranks {ranks}"
+        if result.ok
+        else "; ".join(problems),
+    )
 
 
 def _probe_step(

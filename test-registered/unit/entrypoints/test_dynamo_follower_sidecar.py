@@ -18,7 +18,8 @@ What the released consumer does with each snapshot:
 - a follower with ``kv_event_sources: []``: refused, so the overlay must never launch it there;
 - the metadata server going away while it waits: it exits within its 5 s re-check, so the node
   must stop the sidecar before its metadata server;
-- the endpoint: 1.6.1 reads only ``--grpc-endpoint`` (or ``DYN_SIDECAR_GRPC_ENDPOINT``), never
+- the endpoint: 1.6.1 reads only ``--grpc-endpoint`` or ``DYN_SIDECAR_GRPC_ENDPOINT`` (which the
+  overlay's supervisor sets, so no ``--sidecar-args`` are needed), never
   ``SGLANG_GRPC_ENDPOINT``, and refuses ``--sglang-endpoint`` in argv.
 
 Requires ``ai-dynamo`` and ``ai-dynamo-runtime`` in the environment:
@@ -44,6 +45,7 @@ from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.test_utils import CustomTestCase
 from sglang_sidecar_overlay._native import MetadataServer, start_metadata_server
 from sglang_sidecar_overlay.contract import server_info
+from sglang_sidecar_overlay.contract.incarnation import Incarnation
 from sglang_sidecar_overlay.contract.sources import describe_source
 from sglang_sidecar_overlay.sidecar.supervisor import (
     ENDPOINT_FLAG,
@@ -176,6 +178,7 @@ class TestDynamoFollowerSidecar(CustomTestCase):
             launch_command="python -m sglang.launch_server --nnodes 2 --node-rank 1",
             kv_event_sources=sources,
             legacy_dp_size=legacy_dp_size,
+            incarnation=Incarnation.new(),
         )
         self.served_info = info
         server: MetadataServer = start_metadata_server(
@@ -306,7 +309,9 @@ class TestDynamoFollowerSidecar(CustomTestCase):
         """It re-reads GetServerInfo while waiting: the server must outlive the sidecar."""
         server_args = {**COMMON_ARGS, **ATTENTION_DP_0521, "dist_init_addr": self.dist_init_addr}
         source = describe_source(1, self.bound_endpoint, "", PAGE_SIZE)
-        info = server_info.build_server_info(server_args, {}, kv_event_sources=[source])
+        info = server_info.build_server_info(
+            server_args, {}, kv_event_sources=[source], incarnation=Incarnation.new()
+        )
         server = start_metadata_server("127.0.0.1", 0, server_info.render_server_info(info))
         self.addCleanup(server.shutdown)
         server.set_serving(True)
@@ -315,13 +320,14 @@ class TestDynamoFollowerSidecar(CustomTestCase):
         server.shutdown()
         self.wait_for_refusal("local SGLang metadata server unavailable", after_wait=True)
 
-    def test_endpoint_must_be_passed_as_grpc_endpoint(self) -> None:
-        """1.6.1 reads neither SGLANG_GRPC_ENDPOINT nor ``--sglang-endpoint``."""
+    def test_supervisor_passes_the_endpoint_no_sidecar_args_needed(self) -> None:
+        """1.6.1 reads DYN_SIDECAR_GRPC_ENDPOINT, which the overlay's supervisor sets; it reads
+        neither SGLANG_GRPC_ENDPOINT nor ``--sglang-endpoint``."""
         endpoint = self.serve_follower(ATTENTION_DP_0521, legacy_dp_size=False)
-        with self.subTest("environment only"):
-            self.start_consumer(endpoint, pass_grpc_endpoint=False)
-            self.wait_for_refusal("--grpc-endpoint")
-            self.assertIn("exited with code 2", self.fatal_reasons[0])
+        with self.subTest("no --grpc-endpoint: the supervisor's DYN_SIDECAR_GRPC_ENDPOINT"):
+            supervisor = self.start_consumer(endpoint, pass_grpc_endpoint=False)
+            self.wait_for_log(WAITING_FOR_LEADER)
+            supervisor.stop()
         with self.subTest("endpoint flag in argv"):
             self.start_consumer(endpoint, endpoint_in_argv=True)
             self.wait_for_refusal(f"unexpected argument '{ENDPOINT_FLAG}'")

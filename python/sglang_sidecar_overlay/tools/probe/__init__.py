@@ -51,6 +51,7 @@ __all__ = [
     "check_server_info",
     "fetch_server_info",
     "listen",
+    "node_local",
     "parse_target",
     "read_health",
     "run_probe",
@@ -70,6 +71,34 @@ def _dialable_sources(sources: Any) -> list[dict]:
     return dialable
 
 
+def node_local(endpoint: Any) -> bool:
+    """Whether ``endpoint`` can be dialled only on its node (loopback TCP or ``ipc://``)."""
+    if not isinstance(endpoint, str):
+        return False
+    if endpoint.startswith("ipc://"):
+        return True
+    host = endpoint[len("tcp://") :].rpartition(":")[0].strip("[]")
+    return host == "localhost" or host.startswith("127.") or host == "::1"
+
+
+def _remote_view(info: dict) -> tuple[dict, int]:
+    """``info`` with node-local endpoints blanked (indices kept), and how many were blanked."""
+    sources = info.get("kv_event_sources")
+    if not isinstance(sources, list):
+        return info, 0
+    view: list[Any] = []
+    skipped = 0
+    for source in sources:
+        if isinstance(source, dict):
+            source = dict(source)
+            for key in ("endpoint", "replay_endpoint"):
+                if node_local(source.get(key)):
+                    source[key] = None
+                    skipped += 1
+        view.append(source)
+    return {**info, "kv_event_sources": view}, skipped
+
+
 def run_probe(
     target: str,
     *,
@@ -77,8 +106,13 @@ def run_probe(
     listen_seconds: float | None = None,
     strict: bool = False,
     until: Callable[[list[RankTraffic]], bool] | None = None,
+    dial_endpoints: bool = True,
 ) -> ProbeReport:
-    """Probe ``target`` (HOST:PORT); never raises for expected failures."""
+    """Probe ``target`` (HOST:PORT); never raises for expected failures.
+
+    ``dial_endpoints=False`` (the probe runs off the node): node-local endpoints (loopback,
+    ``ipc://``) are checked for shape but neither dialled nor listened to.
+    """
     report = ProbeReport(target=target, strict=strict)
     try:
         host, port = parse_target(target)
@@ -91,12 +125,24 @@ def run_probe(
     info, findings = check_server_info(text)
     report.server_info = info
     report.findings = findings
-    if info is not None:
-        report.findings += check_listening(info, min(timeout, 2.0))
+    reachable = info
+    if info is not None and not dial_endpoints:
+        reachable, skipped = _remote_view(info)
+        if skipped:
+            report.findings.append(
+                Finding(
+                    INFO,
+                    "reachability",
+                    None,
+                    f"{skipped} node-local endpoint(s) not dialled: the probe runs off this node",
+                )
+            )
+    if reachable is not None:
+        report.findings += check_listening(reachable, min(timeout, 2.0))
     report.health = read_health(address, timeout)
     report.findings += health_findings(report.health)
-    if listen_seconds is not None and info is not None:
-        sources = _dialable_sources(info.get("kv_event_sources"))
+    if listen_seconds is not None and reachable is not None:
+        sources = _dialable_sources(reachable.get("kv_event_sources"))
         report.listen_seconds = listen_seconds
         report.traffic = listen(sources, listen_seconds, until=until)
         report.findings += traffic_findings(report.traffic, listen_seconds)

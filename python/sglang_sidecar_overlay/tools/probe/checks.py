@@ -8,23 +8,37 @@ Problems are ``Finding``s, never exceptions.
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import socket
 import stat
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sglang_sidecar_overlay.contract.endpoints import endpoint_problems
+from sglang_sidecar_overlay.contract.incarnation import CONTRACT_VERSION, check_incarnation
 from sglang_sidecar_overlay.contract.redaction import REDACTED, is_secret_name
 from sglang_sidecar_overlay.contract.schema import load_schema
 from sglang_sidecar_overlay.contract.server_info import rank_space
+from sglang_sidecar_overlay.contract.sources import DEFAULT_ENCODING
 from sglang_sidecar_overlay.tools.probe.report import ERROR, OK, WARNING, Finding
 from sglang_sidecar_overlay.tools.probe.rpc import one_line
 
-__all__ = ["check_listening", "check_server_info", "endpoint_listening", "health_findings"]
+__all__ = [
+    "check_listening",
+    "check_server_info",
+    "describe_incarnation",
+    "endpoint_listening",
+    "health_findings",
+]
 
 _DISAGGREGATION_MODES = frozenset({"null", "agg", "aggregated", "prefill", "decode"})
+# What contract version 2 added; a node without contract_version lacks them all.
+_VERSION_2_KEYS = ("contract_version", "incarnation", "encoding")
+# Batch encodings ``probe --listen`` decodes.
+_DECODABLE_ENCODINGS = frozenset({DEFAULT_ENCODING})
 
 
 def _is_int(value: Any) -> bool:
@@ -43,6 +57,7 @@ def check_server_info(text: str) -> tuple[dict | None, list[Finding]]:
     findings = [Finding(OK, "json", "json_info", f"JSON object with {len(info)} keys")]
     findings += _check_topology(info)
     findings += _check_overlay_keys(info)
+    findings += _check_launch(info)
     findings += _check_sources(info)
     findings += _check_secrets(info)
     findings += _check_schema(info, findings)
@@ -114,6 +129,70 @@ def _check_overlay_keys(info: Mapping[str, Any]) -> list[Finding]:
     return found
 
 
+def _check_launch(info: Mapping[str, Any]) -> list[Finding]:
+    """``contract_version`` and ``incarnation``: which contract, and which launch of the node."""
+    found: list[Finding] = []
+    version = info.get("contract_version")
+    if "contract_version" not in info:
+        found.append(
+            Finding(
+                ERROR,
+                "contract",
+                "contract_version",
+                "missing: the node serves contract version 1 (no incarnation, no source "
+                "encoding), so consumers cannot tell a relaunch from a network blip",
+            )
+        )
+    elif not _is_int(version) or version < 2:
+        found.append(
+            Finding(ERROR, "contract", "contract_version", f"must be an int ≥ 2, got {version!r}")
+        )
+    elif version > CONTRACT_VERSION:
+        found.append(
+            Finding(
+                WARNING,
+                "contract",
+                "contract_version",
+                f"{version} is newer than this probe knows ({CONTRACT_VERSION}): "
+                "checks may be incomplete",
+            )
+        )
+    if "incarnation" not in info:
+        if "contract_version" in info:
+            found.append(Finding(ERROR, "contract", "incarnation", "missing"))
+        return found
+    try:
+        check_incarnation(info["incarnation"])
+    except ValueError as exc:
+        found.append(Finding(ERROR, "contract", "incarnation", str(exc)))
+        return found
+    if not found:
+        found.append(
+            Finding(OK, "contract", "incarnation", f"v{version}, {describe_incarnation(info)}")
+        )
+    return found
+
+
+def describe_incarnation(info: Mapping[str, Any], now: float | None = None) -> str:
+    """``id … started <UTC time> (up …)`` for a node's valid incarnation."""
+    launch = info["incarnation"]
+    started = float(launch["started_at"])
+    when = datetime.datetime.fromtimestamp(started, tz=datetime.timezone.utc)
+    up = max(0.0, (time.time() if now is None else now) - started)
+    return (
+        f"launch {launch['id']} started {when.strftime('%Y-%m-%dT%H:%M:%SZ')} (up {_duration(up)})"
+    )
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(seconds)
+    if seconds < 120:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
 def _rank_space_size(info: Mapping[str, Any]) -> tuple[int | None, str]:
     """The width of the publisher-rank space and the field it came from."""
     space = info.get("kv_event_rank_space")
@@ -182,6 +261,7 @@ def _check_sources(info: Mapping[str, Any]) -> list[Finding]:
                     )
                 else:
                     endpoints_seen[endpoint] = field
+        found += _check_encoding(source, prefix)
         if not isinstance(source.get("topic"), str):
             found.append(
                 Finding(
@@ -223,6 +303,27 @@ def _check_sources(info: Mapping[str, Any]) -> list[Finding]:
             ),
         )
     return found
+
+
+def _check_encoding(source: Mapping[str, Any], prefix: str) -> list[Finding]:
+    encoding = source.get("encoding")
+    field = f"{prefix}.encoding"
+    if "encoding" not in source:
+        # The schema names it; a contract-1 node is reported once under contract_version.
+        return []
+    if not isinstance(encoding, str) or not encoding:
+        return [Finding(ERROR, "kv_event_sources", field, f"must be a name, got {encoding!r}")]
+    if encoding not in _DECODABLE_ENCODINGS:
+        return [
+            Finding(
+                WARNING,
+                "kv_event_sources",
+                field,
+                f"{encoding!r}: a consumer that decodes only {DEFAULT_ENCODING} cannot read "
+                "these batches (probe --listen cannot either)",
+            )
+        ]
+    return []
 
 
 def _check_source_rank(
@@ -395,8 +496,17 @@ def _check_schema(info: Mapping[str, Any], earlier: Sequence[Finding]) -> list[F
             for seen in flagged
         ):
             continue
+        if "contract_version" in flagged and _is_version_2_key(problem):
+            # A contract-1 node: reported once, under contract_version.
+            continue
         found.append(Finding(ERROR, "schema", field, one_line(problem.message)))
     return found
+
+
+def _is_version_2_key(problem: Any) -> bool:
+    if problem.validator != "required":
+        return False
+    return any(f"'{key}'" in problem.message for key in _VERSION_2_KEYS)
 
 
 def _json_path(parts: Any) -> str:

@@ -10,7 +10,7 @@ from typing import Any
 
 from sglang_sidecar_overlay.tools.probe.report import ERROR, INFO, OK, WARNING, Finding, RankTraffic
 
-__all__ = ["listen", "traffic_findings"]
+__all__ = ["Subscriptions", "listen", "traffic_findings"]
 
 _END_SEQ = -1
 # Sequence numbers are 8-byte big-endian; the replay end marker is -1 as signed.
@@ -48,7 +48,11 @@ def _record_batch(traffic: RankTraffic, seq: int, payload: bytes, *, replay: boo
     else:
         traffic.batches += 1
         traffic.events += events
-        if traffic._last_live_seq is not None and seq != traffic._last_live_seq + 1:
+        last = traffic._last_live_seq
+        if last is not None and seq <= last:
+            # Numbering started over: the publisher was restarted.
+            traffic.seq_resets += 1
+        elif last is not None and seq != last + 1:
             traffic.seq_gaps += 1
         traffic._last_live_seq = seq
     if traffic.highest_seq is None or seq > traffic.highest_seq:
@@ -98,6 +102,96 @@ def _on_replay(traffic: RankTraffic, frames: list[bytes]) -> None:
     _record_batch(traffic, seq, payload, replay=True)
 
 
+class Subscriptions:
+    """Live SUB sockets (and a replay request from seq 0) on every source, polled on demand.
+
+    ``listen`` runs one for a fixed window; ``probe --watch`` keeps one per node open and
+    reads the counters in between polls.
+    """
+
+    def __init__(self, sources: Sequence[Mapping[str, Any]]) -> None:
+        import zmq
+
+        self.traffic = [
+            RankTraffic(
+                index=index,
+                dp_rank=source.get("dp_rank"),
+                endpoint=str(source.get("endpoint")),
+                topic=str(source.get("topic") or ""),
+                replay_endpoint=source.get("replay_endpoint"),
+            )
+            for index, source in enumerate(sources)
+        ]
+        self._context = zmq.Context()
+        self._sockets: list[Any] = []
+        self._handlers: dict[
+            Any, tuple[RankTraffic, Callable[[RankTraffic, list[bytes]], None]]
+        ] = {}
+        self._poller = zmq.Poller()
+        try:
+            for item in self.traffic:
+                self._subscribe(item)
+        except BaseException:
+            self.close()
+            raise
+
+    def _subscribe(self, item: RankTraffic) -> None:
+        import zmq
+
+        sub = self._context.socket(zmq.SUB)
+        self._sockets.append(sub)
+        sub.setsockopt(zmq.LINGER, 0)
+        sub.setsockopt(zmq.SUBSCRIBE, item.topic.encode("utf-8"))
+        try:
+            sub.connect(item.endpoint)
+        except zmq.ZMQError as exc:
+            _reject(item, f"cannot subscribe to {item.endpoint}: {exc}")
+            return
+        self._poller.register(sub, zmq.POLLIN)
+        self._handlers[sub] = (item, _on_live)
+        if item.replay_endpoint:
+            dealer = self._context.socket(zmq.DEALER)
+            self._sockets.append(dealer)
+            dealer.setsockopt(zmq.LINGER, 0)
+            try:
+                dealer.connect(item.replay_endpoint)
+            except zmq.ZMQError as exc:
+                _reject(item, f"cannot connect to {item.replay_endpoint}: {exc}")
+                return
+            # The ROUTER expects [identity, "", start_seq]; DEALER adds no delimiter.
+            dealer.send_multipart([b"", (0).to_bytes(_SEQ_BYTES, "big")])
+            item.replay = "requested"
+            self._poller.register(dealer, zmq.POLLIN)
+            self._handlers[dealer] = (item, _on_replay)
+
+    @property
+    def active(self) -> bool:
+        """Whether any socket is being polled (an empty poller returns at once)."""
+        return bool(self._handlers)
+
+    def poll(self, seconds: float) -> None:
+        """Handle whatever arrives within ``seconds`` (at least one poll)."""
+        import zmq
+
+        if not self._handlers:
+            return
+        for sock, _event in self._poller.poll(timeout=max(0.0, seconds) * 1000):
+            item, handler = self._handlers[sock]
+            while True:
+                try:
+                    frames = sock.recv_multipart(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                handler(item, frames)
+
+    def close(self) -> None:
+        for sock in self._sockets:
+            sock.close(linger=0)
+        self._sockets.clear()
+        self._handlers.clear()
+        self._context.term()
+
+
 def listen(
     sources: Sequence[Mapping[str, Any]],
     seconds: float,
@@ -109,68 +203,18 @@ def listen(
     ``until`` may end the window early once it returns True (the selftest uses it so it
     does not wait out a fixed window once everything it needs has arrived).
     """
-    import zmq
-
-    traffic = [
-        RankTraffic(
-            index=index,
-            dp_rank=source.get("dp_rank"),
-            endpoint=str(source.get("endpoint")),
-            topic=str(source.get("topic") or ""),
-            replay_endpoint=source.get("replay_endpoint"),
-        )
-        for index, source in enumerate(sources)
-    ]
-    context = zmq.Context()
-    sockets: list[Any] = []
-    handlers: dict[Any, tuple[RankTraffic, Callable[[RankTraffic, list[bytes]], None]]] = {}
-    poller = zmq.Poller()
+    subscriptions = Subscriptions(sources)
     try:
-        for item in traffic:
-            sub = context.socket(zmq.SUB)
-            sockets.append(sub)
-            sub.setsockopt(zmq.LINGER, 0)
-            sub.setsockopt(zmq.SUBSCRIBE, item.topic.encode("utf-8"))
-            try:
-                sub.connect(item.endpoint)
-            except zmq.ZMQError as exc:
-                _reject(item, f"cannot subscribe to {item.endpoint}: {exc}")
-                continue
-            poller.register(sub, zmq.POLLIN)
-            handlers[sub] = (item, _on_live)
-            if item.replay_endpoint:
-                dealer = context.socket(zmq.DEALER)
-                sockets.append(dealer)
-                dealer.setsockopt(zmq.LINGER, 0)
-                try:
-                    dealer.connect(item.replay_endpoint)
-                except zmq.ZMQError as exc:
-                    _reject(item, f"cannot connect to {item.replay_endpoint}: {exc}")
-                    continue
-                # The ROUTER expects [identity, "", start_seq]; DEALER adds no delimiter.
-                dealer.send_multipart([b"", (0).to_bytes(_SEQ_BYTES, "big")])
-                item.replay = "requested"
-                poller.register(dealer, zmq.POLLIN)
-                handlers[dealer] = (item, _on_replay)
         deadline = time.monotonic() + max(0.0, seconds)
         # Nothing to poll: an empty poller returns at once and would spin until the deadline.
-        while handlers:
+        while subscriptions.active:
             remaining = deadline - time.monotonic()
-            if remaining <= 0 or (until is not None and until(traffic)):
+            if remaining <= 0 or (until is not None and until(subscriptions.traffic)):
                 break
-            for sock, _event in poller.poll(timeout=min(remaining, 0.1) * 1000):
-                item, handler = handlers[sock]
-                while True:
-                    try:
-                        frames = sock.recv_multipart(zmq.NOBLOCK)
-                    except zmq.Again:
-                        break
-                    handler(item, frames)
+            subscriptions.poll(min(remaining, 0.1))
     finally:
-        for sock in sockets:
-            sock.close(linger=0)
-        context.term()
-    return traffic
+        subscriptions.close()
+    return subscriptions.traffic
 
 
 def traffic_findings(traffic: Sequence[RankTraffic], seconds: float) -> list[Finding]:
@@ -228,6 +272,16 @@ def traffic_findings(traffic: Sequence[RankTraffic], seconds: float) -> list[Fin
         if item.seq_gaps:
             problems.append(
                 Finding(WARNING, name, prefix, f"{item.seq_gaps} gap(s) in live sequence numbers")
+            )
+        if item.seq_resets:
+            problems.append(
+                Finding(
+                    WARNING,
+                    name,
+                    prefix,
+                    f"live sequence numbers started over {item.seq_resets} time(s) "
+                    "(publisher restarted)",
+                )
             )
         # The summary line names the rank, not a field: problems below carry the fields.
         if not problems:

@@ -55,6 +55,7 @@ class RankTraffic:
     replay: str = "none"
     highest_seq: int | None = None
     seq_gaps: int = 0
+    seq_resets: int = 0
     stamped_ranks: set = dataclasses.field(default_factory=set)
     unstamped_batches: int = 0
     bad_messages: int = 0
@@ -82,6 +83,7 @@ class RankTraffic:
             "replay": self.replay,
             "highest_seq": self.highest_seq,
             "seq_gaps": self.seq_gaps,
+            "seq_resets": self.seq_resets,
             "stamped_ranks": sorted(self.stamped_ranks),
             "unstamped_batches": self.unstamped_batches,
             "rank_matches": self.rank_matches,
@@ -160,6 +162,8 @@ class ProbeReport:
             "kv_event_rank_space",
             "kv_events",
             "kv_event_sources",
+            "contract_version",
+            "incarnation",
         )
         summary = {key: info.get(key) for key in keys}
         summary["bytes"] = self.server_info_bytes

@@ -1,0 +1,249 @@
+"""``probe --watch``: a live view of one node or a group, per publisher rank.
+
+Every node's server info and health are re-read every ``refresh`` seconds (a new
+``incarnation`` means the node was relaunched: its subscriptions are rebuilt and the restart
+is counted); every advertised publisher stays subscribed, with a replay request from seq 0
+when it has a replay endpoint, exactly as a router would. Every ``interval`` seconds the view
+is drawn: on a terminal a compact table redrawn in place, otherwise one line per rank (for
+logs and pipes). Ctrl-C stops cleanly; ``duration`` bounds the run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import time
+from collections.abc import Sequence
+from typing import Any, TextIO
+
+from sglang_sidecar_overlay.tools.probe.listen import Subscriptions
+from sglang_sidecar_overlay.tools.probe.report import ProbeError, RankTraffic
+from sglang_sidecar_overlay.tools.probe.rpc import (
+    fetch_server_info,
+    grpc_target,
+    parse_target,
+    read_health,
+)
+
+__all__ = ["NodeView", "run_watch"]
+
+_HOME_CLEAR = "\x1b[H\x1b[J"
+_HIDE_CURSOR = "\x1b[?25l"
+_SHOW_CURSOR = "\x1b[?25h"
+_COLUMNS = ("NODE", "RANK", "EVENTS/S", "LAST SEQ", "GAPS", "RESETS", "REPLAYED", "HEALTH")
+
+
+@dataclasses.dataclass
+class NodeView:
+    """What the watch knows about one node between two refreshes."""
+
+    target: str
+    dial_endpoints: bool = True
+    info: dict | None = None
+    health: str = "?"
+    error: str | None = None
+    incarnation: str | None = None
+    relaunches: int = 0
+    subscriptions: Subscriptions | None = None
+    _counted: dict[int, tuple[int, float]] = dataclasses.field(default_factory=dict)
+    rates: dict[int, float] = dataclasses.field(default_factory=dict)
+
+    @property
+    def node_rank(self) -> Any:
+        return None if self.info is None else self.info.get("node_rank")
+
+    @property
+    def traffic(self) -> list[RankTraffic]:
+        return [] if self.subscriptions is None else self.subscriptions.traffic
+
+    def refresh(self, timeout: float) -> None:
+        """Re-read server info and health; resubscribe when the node was relaunched."""
+        try:
+            host, port = parse_target(self.target)
+            address = grpc_target(host, port)
+            text = fetch_server_info(address, timeout)
+        except ProbeError as exc:
+            self.error = exc.message
+            self.health = "DOWN"
+            return
+        import json
+
+        try:
+            info = json.loads(text)
+        except ValueError:
+            self.error = "GetServerInfo is not JSON"
+            return
+        self.error = None
+        self.health = read_health(address, timeout)["status"]
+        launch = info.get("incarnation") if isinstance(info, dict) else None
+        launch_id = launch.get("id") if isinstance(launch, dict) else None
+        if self.info is not None and launch_id != self.incarnation:
+            self.relaunches += 1
+            self.close()
+        self.info = info if isinstance(info, dict) else None
+        self.incarnation = launch_id
+        if self.subscriptions is None and self.info is not None:
+            self.subscriptions = Subscriptions(self._sources())
+            self._counted.clear()
+
+    def _sources(self) -> list[dict]:
+        from sglang_sidecar_overlay.tools.probe import _dialable_sources, node_local
+
+        sources = _dialable_sources((self.info or {}).get("kv_event_sources"))
+        if self.dial_endpoints:
+            return sources
+        kept = []
+        for source in sources:
+            if node_local(source.get("endpoint")):
+                continue
+            if node_local(source.get("replay_endpoint")):
+                source = {**source, "replay_endpoint": None}
+            kept.append(source)
+        return kept
+
+    def poll(self, seconds: float) -> None:
+        if self.subscriptions is not None and self.subscriptions.active:
+            self.subscriptions.poll(seconds)
+
+    def update_rates(self, now: float) -> None:
+        for item in self.traffic:
+            events = item.events
+            before = self._counted.get(item.index)
+            if before is not None and now > before[1]:
+                self.rates[item.index] = (events - before[0]) / (now - before[1])
+            self._counted[item.index] = (events, now)
+
+    def close(self) -> None:
+        if self.subscriptions is not None:
+            self.subscriptions.close()
+            self.subscriptions = None
+        self.rates.clear()
+
+
+def _rows(nodes: Sequence[NodeView]) -> list[tuple[str, ...]]:
+    rows: list[tuple[str, ...]] = []
+    for node in sorted(nodes, key=lambda n: (repr(n.node_rank), n.target)):
+        label = node.target if node.node_rank is None else str(node.node_rank)
+        health = node.health if node.error is None else "DOWN"
+        if not node.traffic:
+            rows.append((label, "-", "-", "-", "-", str(node.relaunches), "-", health))
+            continue
+        for item in node.traffic:
+            rate = node.rates.get(item.index)
+            rows.append(
+                (
+                    label,
+                    str(item.dp_rank),
+                    "-" if rate is None else f"{rate:.1f}",
+                    "-" if item.highest_seq is None else str(item.highest_seq),
+                    str(item.seq_gaps),
+                    str(item.seq_resets + node.relaunches),
+                    str(item.replay_batches),
+                    health,
+                )
+            )
+    return rows
+
+
+def render_table(nodes: Sequence[NodeView], now: float | None = None) -> str:
+    """The terminal view: a title line, then one aligned row per rank."""
+    stamp = datetime.datetime.fromtimestamp(now or time.time()).strftime("%H:%M:%S")
+    rows = [_COLUMNS, *_rows(nodes)]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(_COLUMNS))]
+    lines = [f"sglang-sidecar-overlay probe --watch  {stamp}  (Ctrl-C to stop)"]
+    for node in nodes:
+        if node.error is not None:
+            lines.append(f"  {node.target}: {node.error}")
+        elif node.incarnation:
+            lines.append(
+                f"  {node.target}: node_rank {node.node_rank}, launch {node.incarnation[:12]}"
+            )
+    for row in rows:
+        lines.append(
+            "  ".join(
+                cell.rjust(width) if i > 1 else cell.ljust(width)
+                for i, (cell, width) in enumerate(zip(row, widths, strict=True))
+            ).rstrip()
+        )
+    return "\n".join(lines) + "\n"
+
+
+def render_lines(nodes: Sequence[NodeView], now: float | None = None) -> str:
+    """The non-terminal view: one ``key=value`` line per rank, stamped."""
+    stamp = datetime.datetime.fromtimestamp(now or time.time()).strftime("%H:%M:%S")
+    lines = []
+    for node in nodes:
+        if node.error is not None:
+            lines.append(f"{stamp} {node.target} health=DOWN error={node.error!r}")
+            continue
+        if not node.traffic:
+            lines.append(
+                f"{stamp} {node.target} node_rank={node.node_rank} ranks=none "
+                f"relaunches={node.relaunches} health={node.health}"
+            )
+        for item in node.traffic:
+            rate = node.rates.get(item.index)
+            lines.append(
+                f"{stamp} {node.target} node_rank={node.node_rank} rank={item.dp_rank} "
+                f"events_per_s={'-' if rate is None else f'{rate:.1f}'} "
+                f"last_seq={'-' if item.highest_seq is None else item.highest_seq} "
+                f"gaps={item.seq_gaps} resets={item.seq_resets + node.relaunches} "
+                f"replayed={item.replay_batches} health={node.health}"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def run_watch(
+    targets: Sequence[str],
+    out: TextIO,
+    *,
+    duration: float | None = None,
+    interval: float = 1.0,
+    refresh: float = 2.0,
+    timeout: float = 2.0,
+    tty: bool | None = None,
+) -> int:
+    """Watch until ``duration`` passes or Ctrl-C (a clean stop too); returns 0."""
+    from sglang_sidecar_overlay.tools.probe.group import target_is_local
+
+    in_place = out.isatty() if tty is None else tty
+    nodes = [NodeView(target, dial_endpoints=target_is_local(target)) for target in targets]
+    start = time.monotonic()
+    next_refresh = next_render = start
+    if in_place:
+        out.write(_HIDE_CURSOR)
+    try:
+        while True:
+            now = time.monotonic()
+            if duration is not None and now - start >= duration:
+                break
+            if now >= next_refresh:
+                for node in nodes:
+                    node.refresh(timeout)
+                next_refresh = time.monotonic() + refresh
+            if now >= next_render:
+                for node in nodes:
+                    node.update_rates(now)
+                view = render_table(nodes) if in_place else render_lines(nodes)
+                out.write((_HOME_CLEAR + view) if in_place else view)
+                out.flush()
+                next_render += interval
+            wake = min(next_render, next_refresh)
+            if duration is not None:
+                wake = min(wake, start + duration)
+            wait = max(0.01, wake - time.monotonic())
+            polled = [node for node in nodes if node.subscriptions is not None]
+            if polled:
+                for node in polled:
+                    node.poll(wait / len(polled))
+            else:
+                time.sleep(min(wait, 0.2))
+    except KeyboardInterrupt:
+        pass
+    finally:
+        for node in nodes:
+            node.close()
+        if in_place:
+            out.write(_SHOW_CURSOR)
+        out.flush()
+    return 0

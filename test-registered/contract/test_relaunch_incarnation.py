@@ -1,0 +1,75 @@
+"""A relaunched node reports a new incarnation and the same rank space, through SGLang's real
+launch code (``overlay_harness``: real ``Engine`` launch, stand-in model runner, real
+``ZmqEventPublisher``s, the plugin loaded by SGLang's plugin framework).
+
+A consumer keys its view of a node by ``incarnation.id``: a new id says the publishers
+restarted (sequence numbers from 0, replay buffers empty), not that messages were lost.
+"""
+
+import re
+import tempfile
+import time
+import unittest
+from pathlib import Path
+
+import jsonschema
+from overlay_harness import cluster
+from overlay_harness.cluster import EngineGroup
+from sglang.test.ci.ci_register import register_cpu_ci
+from sglang.test.test_utils import CustomTestCase
+from sglang_sidecar_overlay.contract import schema
+from sglang_sidecar_overlay.contract.incarnation import CONTRACT_VERSION
+
+register_cpu_ci(est_time=300, suite="base-a-test-cpu")
+
+
+class TestRelaunchIncarnation(CustomTestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls._tmp = tempfile.TemporaryDirectory(prefix="overlay-model-")
+        cls.model = cluster.write_tiny_model(Path(cls._tmp.name) / "tiny-llama")
+
+    @classmethod
+    def tearDownClass(cls):
+        cls._tmp.cleanup()
+
+    def launch_once(self, group: EngineGroup) -> tuple[dict, float, float]:
+        """Launch the node, read its server info, stop it; (info, launch began, ready at)."""
+        began = time.time()
+        with cluster.nodes(group.for_node(0)) as (node,):
+            event = node.ready()
+            self.assertEqual(event["event"], "ready", f"{event}\n{node.log_tail()}")
+            ready_at = time.time()
+            info = cluster.get_server_info(group.grpc_ports[0])
+            # Asked again during the same launch: the same incarnation.
+            self.assertEqual(
+                cluster.get_server_info(group.grpc_ports[0])["incarnation"], info["incarnation"]
+            )
+        return info, began, ready_at
+
+    def test_relaunched_node_has_a_new_incarnation_and_the_same_rank_space(self):
+        # Ordinary DP 2 on one node: both publishers come through the DP controller.
+        group = EngineGroup(self.model, 1, ["--tp", "1", "--dp", "2"])
+        first, began_1, ready_1 = self.launch_once(group)
+        second, began_2, ready_2 = self.launch_once(group)
+        validator = jsonschema.Draft202012Validator(schema.load_schema())
+        for info, began, ready in ((first, began_1, ready_1), (second, began_2, ready_2)):
+            validator.validate(info)
+            self.assertEqual(info["contract_version"], CONTRACT_VERSION)
+            self.assertRegex(info["incarnation"]["id"], re.compile(r"^[0-9a-f]{32}$"))
+            # Chosen while the node launched, before it was ready.
+            self.assertGreaterEqual(info["incarnation"]["started_at"], began)
+            self.assertLessEqual(info["incarnation"]["started_at"], ready)
+            self.assertEqual({s["encoding"] for s in info["kv_event_sources"]}, {"msgpack"})
+        self.assertNotEqual(first["incarnation"]["id"], second["incarnation"]["id"])
+        self.assertGreater(second["incarnation"]["started_at"], first["incarnation"]["started_at"])
+        self.assertEqual(first["kv_event_rank_space"], second["kv_event_rank_space"])
+        self.assertEqual(first["kv_event_rank_space"]["local_ranks"], [0, 1])
+        strip = lambda info: [  # noqa: E731
+            {k: v for k, v in s.items() if k != "replay_endpoint"} for s in info["kv_event_sources"]
+        ]
+        self.assertEqual(strip(first), strip(second))
+
+
+if __name__ == "__main__":
+    unittest.main()

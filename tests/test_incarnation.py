@@ -1,0 +1,152 @@
+"""The restart-aware contract: ``contract_version``, ``incarnation`` and per-source ``encoding``,
+from the builder through the schema to what ``probe`` says about them."""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+
+import jsonschema
+import pytest
+from sglang_sidecar_overlay.contract.incarnation import (
+    CONTRACT_VERSION,
+    Incarnation,
+    begin_launch,
+    check_incarnation,
+    launch_incarnation,
+)
+from sglang_sidecar_overlay.contract.schema import load_schema
+from sglang_sidecar_overlay.contract.server_info import build_server_info, render_server_info
+from sglang_sidecar_overlay.contract.sources import (
+    DEFAULT_ENCODING,
+    aggregate_sources,
+    describe_source,
+)
+from sglang_sidecar_overlay.tools import probe
+from sglang_sidecar_overlay.tools.probe.checks import check_server_info, describe_incarnation
+
+ARGS = {"node_rank": 1, "nnodes": 2, "dist_init_addr": "10.0.0.1:5000", "dp_size": 2}
+READY = {"status": "ready"}
+FIXED = Incarnation(id="fedcba9876543210" * 2, started_at=1_800_000_000.5)
+
+
+def snapshot(incarnation=FIXED, args=ARGS) -> dict:
+    sources = [describe_source(1, "tcp://*:5558", "kv", 16, "tcp://*:5601")]
+    return build_server_info(args, READY, incarnation=incarnation, kv_event_sources=sources)
+
+
+def errors_of(findings) -> dict[str, str]:
+    return {f.field or f.check: f.message for f in findings if f.level == probe.ERROR}
+
+
+def test_every_launch_gets_a_new_128_bit_id_kept_for_the_whole_launch() -> None:
+    first = begin_launch()
+    assert launch_incarnation() is first is launch_incarnation()
+    assert re.fullmatch(r"[0-9a-f]{32}", first.id)
+    second = begin_launch()
+    assert second.id != first.id and launch_incarnation() is second
+    assert second.started_at >= first.started_at > 1_600_000_000
+    ids = {Incarnation.new().id for _ in range(200)}
+    assert len(ids) == 200
+    assert begin_launch(started_at=123.5).started_at == 123.5
+
+
+def test_builder_stamps_version_and_launch_and_stays_deterministic() -> None:
+    info = snapshot()
+    assert info["contract_version"] == CONTRACT_VERSION == 2
+    assert info["incarnation"] == {"id": "fedcba9876543210" * 2, "started_at": 1_800_000_000.5}
+    assert render_server_info(snapshot()) == render_server_info(info)
+    assert snapshot(FIXED.to_json()) == info
+    relaunched = snapshot(Incarnation.new())
+    assert relaunched["incarnation"]["id"] != info["incarnation"]["id"]
+    differing = {key for key in info if info[key] != relaunched[key]}
+    assert differing == {"incarnation"}
+    jsonschema.Draft202012Validator(load_schema()).validate(info)
+
+
+@pytest.mark.parametrize(
+    ("bad", "named"),
+    [
+        ("abc", "must be an object"),
+        ({"id": "xyz", "started_at": 1.0}, "incarnation.id"),
+        ({"id": "F" * 32, "started_at": 1.0}, "incarnation.id"),
+        ({"id": "f" * 31, "started_at": 1.0}, "incarnation.id"),
+        ({"id": "f" * 32, "started_at": 0}, "incarnation.started_at"),
+        ({"id": "f" * 32, "started_at": True}, "incarnation.started_at"),
+        ({"id": "f" * 32}, "incarnation.started_at"),
+        ({"id": "f" * 32, "started_at": 1.0, "pid": 7}, "unknown keys \\['pid'\\]"),
+    ],
+)
+def test_a_bad_incarnation_is_refused_by_name(bad, named: str) -> None:
+    with pytest.raises(ValueError, match=named):
+        check_incarnation(bad)
+    with pytest.raises(ValueError, match=named):
+        build_server_info(ARGS, READY, incarnation=bad)
+
+
+def test_every_source_carries_its_encoding() -> None:
+    assert describe_source(0, "tcp://*:5557", "", 16)["encoding"] == DEFAULT_ENCODING == "msgpack"
+    # Upstream 0.5.22+ schedulers report sources without it: the publisher is msgpack.
+    upstream = {"dp_rank": 0, "endpoint": "tcp://127.0.0.1:5557", "topic": "", "block_size": 16}
+    assert aggregate_sources([upstream]) == [{**upstream, "encoding": "msgpack"}]
+    other = {**upstream, "encoding": "json"}
+    assert aggregate_sources([other]) == [other]
+    for bad in ("", " msgpack", 3, None):
+        with pytest.raises(ValueError, match="encoding must be a non-empty name"):
+            aggregate_sources([{**upstream, "encoding": bad}])
+        with pytest.raises(ValueError, match="encoding must be a non-empty name"):
+            describe_source(0, "tcp://*:5557", "", 16, encoding=bad)
+
+
+def test_schema_requires_the_version_2_fields() -> None:
+    validator = jsonschema.Draft202012Validator(load_schema())
+    info = snapshot()
+    for key in ("contract_version", "incarnation"):
+        broken = {k: v for k, v in info.items() if k != key}
+        assert not validator.is_valid(broken), key
+    no_encoding = copy.deepcopy(info)
+    del no_encoding["kv_event_sources"][0]["encoding"]
+    assert not validator.is_valid(no_encoding)
+    bad_id = copy.deepcopy(info)
+    bad_id["incarnation"]["id"] = "not-hex"
+    assert not validator.is_valid(bad_id)
+
+
+def test_probe_shows_the_launch() -> None:
+    info = snapshot()
+    _, findings = check_server_info(json.dumps(info))
+    assert errors_of(findings) == {}
+    shown = [f.message for f in findings if f.field == "incarnation" and f.level == probe.OK]
+    assert shown == [f"v2, {describe_incarnation(info)}"]
+    assert describe_incarnation(info, now=1_800_000_000.5 + 3725) == (
+        f"launch {'fedcba9876543210' * 2} started 2027-01-15T08:00:00Z (up 1h02m)"
+    )
+
+
+def test_probe_names_a_contract_1_node_once() -> None:
+    info = snapshot()
+    del info["contract_version"], info["incarnation"]
+    for source in info["kv_event_sources"]:
+        del source["encoding"]
+    _, findings = check_server_info(json.dumps(info))
+    found = errors_of(findings)
+    assert list(found) == ["contract_version"]
+    assert "contract version 1" in found["contract_version"]
+
+
+def test_probe_checks_version_launch_and_encoding() -> None:
+    info = snapshot()
+    info["incarnation"] = {"id": "12", "started_at": 5}
+    info["kv_event_sources"][0]["encoding"] = "json"
+    _, findings = check_server_info(json.dumps(info))
+    assert errors_of(findings)["incarnation"].startswith("incarnation.id must be 32 lowercase hex")
+    warnings = {f.field: f.message for f in findings if f.level == probe.WARNING}
+    assert warnings["kv_event_sources[0].encoding"].startswith("'json': a consumer that decodes")
+
+    newer = snapshot()
+    newer["contract_version"] = 3
+    _, findings = check_server_info(json.dumps(newer))
+    warnings = {f.field: f.message for f in findings if f.level == probe.WARNING}
+    assert warnings["contract_version"].startswith("3 is newer than this probe knows (2)")
+    assert errors_of(findings) == {}

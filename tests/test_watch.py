@@ -1,0 +1,187 @@
+"""``probe --watch``: the live view under a real pseudo-terminal, as lines in a pipe, and a
+relaunch seen through a new incarnation.
+
+Nodes are the native metadata server serving snapshots of real, bound stand-in publishers that
+publish while the view runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import pty
+import re
+import select
+import signal
+import sys
+import time
+from collections.abc import Iterator
+
+import zmq
+from sglang_sidecar_overlay._native import start_metadata_server
+from sglang_sidecar_overlay.contract.incarnation import Incarnation
+from sglang_sidecar_overlay.contract.server_info import render_server_info
+from sglang_sidecar_overlay.tools import probe
+from sglang_sidecar_overlay.tools.probe.watch import NodeView, render_lines, render_table, run_watch
+from sglang_sidecar_overlay.tools.selftest import StandInPublisher, node_snapshot
+from test_cli import PACKAGE_PARENT, run_cli
+from test_probe import feeding
+
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+NEVER = re.compile(r"(?!)")
+
+
+@contextlib.contextmanager
+def watched_node(ranks: tuple[int, ...] = (2, 3)) -> Iterator[tuple[str, list]]:
+    """A served follower snapshot of live publishers; yields (HOST:PORT, publishers)."""
+    context = zmq.Context()
+    with contextlib.ExitStack() as stack:
+        stack.callback(context.term)
+        publishers = []
+        for rank in ranks:
+            pub = StandInPublisher(context, rank)
+            stack.callback(pub.close)
+            publishers.append(pub)
+        info = node_snapshot(publishers, legacy_dp_size=True)
+        server = stack.enter_context(
+            start_metadata_server("127.0.0.1", 0, render_server_info(info))
+        )
+        server.set_serving(True)
+        yield probe.grpc_target(server.host, server.port), publishers
+
+
+def read_until(fd: int, pattern: re.Pattern, deadline: float, seen: bytearray) -> re.Match | None:
+    """Read the pty into ``seen`` until ``pattern`` matches its text or the deadline passes."""
+    while time.monotonic() < deadline:
+        match = pattern.search(seen.decode("utf-8", errors="replace"))
+        if match:
+            return match
+        ready, _, _ = select.select([fd], [], [], 0.2)
+        if ready:
+            try:
+                chunk = os.read(fd, 65536)
+            except OSError:  # EIO: the child closed the terminal
+                break
+            if not chunk:
+                break
+            seen += chunk
+    return pattern.search(seen.decode("utf-8", errors="replace"))
+
+
+def test_watch_redraws_in_place_on_a_terminal_and_stops_on_ctrl_c() -> None:
+    with watched_node() as (target, publishers), feeding(publishers, interval=0.02):
+        pid, fd = pty.fork()
+        if pid == 0:  # the child: the CLI with the pty as its controlling terminal
+            os.environ["PYTHONPATH"] = str(PACKAGE_PARENT)
+            os.environ["COLUMNS"] = "100"
+            os.execv(
+                sys.executable,
+                [sys.executable, "-m", "sglang_sidecar_overlay", "probe", target, "--watch"],
+            )
+        seen = bytearray()
+        status = None
+        try:
+            # Two ranks with a live rate, redrawn at least three times.
+            row = re.compile(r"^1\s+3\s+\d+\.\d\s+\d+\s+0\s+0\s+\d+\s+SERVING", re.M)
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                screen = seen.decode("utf-8", errors="replace")
+                if screen.count("\x1b[H\x1b[J") >= 3 and row.search(
+                    screen.split("\x1b[H\x1b[J")[-1]
+                ):
+                    break
+                read_until(fd, NEVER, time.monotonic() + 0.5, seen)
+            screen = seen.decode("utf-8", errors="replace")
+            assert screen.count("\x1b[H\x1b[J") >= 3, screen
+            os.write(fd, b"\x03")  # Ctrl-C, delivered by the terminal as SIGINT
+            read_until(fd, re.compile(r"\x1b\[\?25h"), time.monotonic() + 30, seen)
+            deadline = time.monotonic() + 30
+            while status is None and time.monotonic() < deadline:
+                done, status_word = os.waitpid(pid, os.WNOHANG)
+                if done:
+                    status = status_word
+                else:
+                    read_until(fd, NEVER, time.monotonic() + 0.2, seen)
+        finally:
+            if status is None:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+            os.close(fd)
+    assert status is not None and os.waitstatus_to_exitcode(status) == 0
+    text = seen.decode("utf-8", errors="replace")
+    assert "Traceback" not in text and "KeyboardInterrupt" not in text
+    assert text.startswith("\x1b[?25l") and text.rstrip().endswith("\x1b[?25h")
+    last = ANSI.sub("", text.split("\x1b[H\x1b[J")[-1])
+    lines = last.splitlines()
+    assert lines[0].startswith("sglang-sidecar-overlay probe --watch ")
+    assert lines[1].startswith(f"  {target}: node_rank 1, launch ")
+    assert lines[2].split() == [
+        "NODE",
+        "RANK",
+        "EVENTS/S",
+        "LAST",
+        "SEQ",
+        "GAPS",
+        "RESETS",
+        "REPLAYED",
+        "HEALTH",
+    ]
+    # The terminal echoes the Ctrl-C as ^C after the last table.
+    rows = [line.split() for line in lines[3:] if line.strip() and line.strip() != "^C"]
+    assert [row[:2] for row in rows] == [["1", "2"], ["1", "3"]]
+    for row in rows:
+        assert float(row[2]) > 0 and row[4:6] == ["0", "0"] and row[7] == "SERVING"
+
+
+def test_watch_prints_lines_when_not_a_terminal() -> None:
+    with watched_node() as (target, publishers), feeding(publishers, interval=0.02):
+        result = run_cli("probe", target, "--watch", "3.5", timeout=90)
+    assert result.returncode == 0, result.stderr
+    assert "\x1b[" not in result.stdout
+    lines = result.stdout.splitlines()
+    rank3 = [line for line in lines if " rank=3 " in line]
+    assert len(rank3) >= 3, result.stdout
+    fields = dict(item.split("=", 1) for item in rank3[-1].split()[2:])
+    assert fields["node_rank"] == "1" and fields["health"] == "SERVING"
+    assert float(fields["events_per_s"]) > 0 and int(fields["last_seq"]) > 0
+    assert fields["gaps"] == "0" and fields["resets"] == "0"
+
+
+def test_watch_counts_a_relaunch_when_the_incarnation_changes() -> None:
+    context = zmq.Context()
+    try:
+        pub = StandInPublisher(context, 2)
+        try:
+            first = node_snapshot([pub], legacy_dp_size=True, incarnation=Incarnation.new())
+            second = {**first, "incarnation": Incarnation.new().to_json()}
+            with start_metadata_server("127.0.0.1", 0, render_server_info(first)) as server:
+                server.set_serving(True)
+                target = probe.grpc_target(server.host, server.port)
+                node = NodeView(target)
+                node.refresh(timeout=5)
+                assert node.relaunches == 0 and node.incarnation == first["incarnation"]["id"]
+                node.refresh(timeout=5)
+                assert node.relaunches == 0
+                port = server.port
+            # The same node, relaunched on the same port with a new incarnation.
+            with start_metadata_server("127.0.0.1", port, render_server_info(second)) as server:
+                server.set_serving(True)
+                node.refresh(timeout=5)
+                assert node.relaunches == 1 and node.incarnation == second["incarnation"]["id"]
+                assert "resets=1 " in render_lines([node])
+                assert f"  {target}: node_rank 1, launch {node.incarnation[:12]}" in render_table(
+                    [node]
+                )
+            node.close()
+        finally:
+            pub.close()
+    finally:
+        context.term()
+
+
+def test_watch_of_a_node_that_is_down_says_so_and_ends_on_time() -> None:
+    out = io.StringIO()
+    assert run_watch(["127.0.0.1:1"], out, duration=1.5, interval=0.5, timeout=1, tty=False) == 0
+    lines = out.getvalue().splitlines()
+    assert lines and all(" 127.0.0.1:1 health=DOWN error=" in line for line in lines)
