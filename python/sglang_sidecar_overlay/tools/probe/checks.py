@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sglang_sidecar_overlay.contract.endpoints import endpoint_problems
-from sglang_sidecar_overlay.contract.redaction import REDACTED, is_secret_name
+from sglang_sidecar_overlay.contract.redaction import REDACTED, is_secret_name, redact_text
 from sglang_sidecar_overlay.contract.schema import load_schema
 from sglang_sidecar_overlay.contract.server_info import rank_space
 from sglang_sidecar_overlay.tools.probe.report import ERROR, OK, WARNING, Finding
@@ -24,7 +24,26 @@ from sglang_sidecar_overlay.tools.probe.rpc import one_line
 
 __all__ = ["check_listening", "check_server_info", "endpoint_listening", "health_findings"]
 
+# Deepest object/array nesting the checks walk; real server info is under 10 levels.
+MAX_NESTING = 64
 _DISAGGREGATION_MODES = frozenset({"null", "agg", "aggregated", "prefill", "decode"})
+
+
+def _nesting_exceeds(value: Any, limit: int) -> bool:
+    """Whether objects/arrays nest deeper than ``limit`` (iterative: any depth is safe)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            children: Any = item.values()
+        elif isinstance(item, list):
+            children = item
+        else:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children)
+    return False
 
 
 def _is_int(value: Any) -> bool:
@@ -37,9 +56,16 @@ def check_server_info(text: str) -> tuple[dict | None, list[Finding]]:
         info = json.loads(text)
     except ValueError as exc:
         return None, [Finding(ERROR, "json", "json_info", f"not parsable JSON: {exc}")]
+    except RecursionError:
+        return None, [Finding(ERROR, "json", "json_info", "nests too deep to parse")]
     if not isinstance(info, dict):
         kind = type(info).__name__
         return None, [Finding(ERROR, "json", "json_info", f"must be a JSON object, got {kind}")]
+    if _nesting_exceeds(info, MAX_NESTING):
+        # Server info is a few levels deep; deeper input is hostile and every later walk
+        # (checks, schema, --json output) would recurse into it.
+        message = f"nests deeper than {MAX_NESTING} levels"
+        return None, [Finding(ERROR, "json", "json_info", message)]
     findings = [Finding(OK, "json", "json_info", f"JSON object with {len(info)} keys")]
     findings += _check_topology(info)
     findings += _check_overlay_keys(info)
@@ -371,6 +397,16 @@ def _check_secrets(info: Mapping[str, Any]) -> list[Finding]:
         elif isinstance(value, list):
             for index, item in enumerate(value):
                 walk(item, f"{path}[{index}]")
+        elif isinstance(value, str) and redact_text(value) != value:
+            found.append(
+                Finding(
+                    ERROR,
+                    "secrets",
+                    path or "json_info",
+                    "holds an unredacted credential (a URL password, a secret query parameter, "
+                    "a secret flag or a secret key inside the text)",
+                )
+            )
 
     walk(info, "")
     return found
