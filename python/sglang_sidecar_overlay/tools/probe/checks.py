@@ -57,7 +57,8 @@ def check_server_info(text: str) -> tuple[dict | None, list[Finding]]:
     except ValueError as exc:
         return None, [Finding(ERROR, "json", "json_info", f"not parsable JSON: {exc}")]
     except RecursionError:
-        return None, [Finding(ERROR, "json", "json_info", "nests too deep to parse")]
+        message = f"nests deeper than {MAX_NESTING} levels (too deep to parse)"
+        return None, [Finding(ERROR, "json", "json_info", message)]
     if not isinstance(info, dict):
         kind = type(info).__name__
         return None, [Finding(ERROR, "json", "json_info", f"must be a JSON object, got {kind}")]
@@ -103,7 +104,7 @@ def _check_topology(info: Mapping[str, Any]) -> list[Finding]:
     if not _is_int(dp_size) or dp_size < 1:
         found.append(Finding(ERROR, "topology", "dp_size", f"must be an int ≥ 1, got {dp_size!r}"))
     mode = info.get("disaggregation_mode")
-    if mode is not None and mode not in _DISAGGREGATION_MODES:
+    if mode is not None and (not isinstance(mode, str) or mode not in _DISAGGREGATION_MODES):
         found.append(Finding(ERROR, "topology", "disaggregation_mode", f"unknown mode {mode!r}"))
     if not found:
         found.append(
@@ -336,7 +337,8 @@ def _check_rank_space_object(info: Mapping[str, Any], sources: list) -> list[Fin
     advertised = sorted(
         {s.get("dp_rank") for s in sources if isinstance(s, dict) and _is_int(s.get("dp_rank"))}
     )
-    if not isinstance(local, list) or sorted(local) != advertised:
+    ranks_ok = isinstance(local, list) and all(_is_int(rank) for rank in local)
+    if not ranks_ok or sorted(local) != advertised:
         found.append(
             Finding(
                 ERROR,
