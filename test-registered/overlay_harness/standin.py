@@ -14,10 +14,14 @@ from __future__ import annotations
 import inspect
 import multiprocessing
 import multiprocessing.connection
+import os
+import signal
 import time
 from typing import Any
 
 MAX_TOTAL_NUM_TOKENS = 4096
+# Fault injection for tests: "kill_before_ready" SIGKILLs the stand-in before it reports ready.
+FAULT_ENV = "OVERLAY_HARNESS_SCHEDULER_FAULT"
 
 
 def _startup_time(builder: Any) -> Any:
@@ -59,6 +63,8 @@ def run_standin_scheduler(*args: Any, **kwargs: Any) -> None:
     standin.enable_hierarchical_cache = False
     standin.kv_events_publisher = kv_events_publisher
     standin.server_args = server_args
+    if os.environ.get(FAULT_ENV) == "kill_before_ready":
+        os.kill(os.getpid(), signal.SIGKILL)
     ranks["pipe_writer"].send(scheduler_mod.Scheduler.get_init_info(standin))
 
     parent = multiprocessing.parent_process()
