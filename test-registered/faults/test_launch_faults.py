@@ -11,6 +11,9 @@ Faults:
   ``OVERLAY_HARNESS_SCHEDULER_FAULT=kill_before_ready``): the launch fails naming the dead
   scheduler;
 - the follower's metadata port already taken: the launch fails naming the address;
+- the leader's scheduler SIGKILLed while serving (a ``--sidecar`` running): SGLang's
+  ``SubprocessWatchdog`` names the crashed scheduler and SIGQUITs the server; the sidecar goes
+  with it;
 - the follower engine process SIGKILLed while serving with a ``--sidecar-on-followers``
   sidecar: the sidecar's shim and provider are gone within 2 s, the schedulers follow;
 - a leader ``--sidecar`` that exits 3 every time under ``--sidecar-restart on-failure
@@ -176,6 +179,38 @@ class TestLaunchFaults(CustomTestCase):
                 clean,
             )
             self.assertLess(sidecar_gone, SIDECAR_GONE_DEADLINE)
+
+    def test_leader_scheduler_killed_while_serving(self):
+        group = EngineGroup(self.model, 1, ["--tp", "1"])
+        dump = self.workdir / "leader-sidecar"
+        args = group.for_node(0, DUMP_PROVIDER, ["--dump", str(dump)])
+        with self.node(HttpLeader, args, "leader") as leader:
+            self.assertEqual(leader.ready()["event"], "ready", leader.log_tail())
+            path = cluster.wait_for(
+                lambda: sorted(dump.parent.glob(f"{dump.name}.*[0-9].json")),
+                240,
+                "the leader sidecar to start",
+            )[0]
+            provider = json.loads(path.read_text())["pid"]
+            schedulers = cluster.get_server_info(group.grpc_ports[0]).get("scheduler_pids")
+            self.assertTrue(schedulers, "server info lists no scheduler_pids")
+            os.kill(schedulers[0], signal.SIGKILL)
+            killed_at = time.monotonic()
+            leader.proc.wait(timeout=CLEAN_DEADLINE)
+            self.assertNotEqual(leader.proc.returncode, 0)
+            wait_clean(leader)
+            clean = time.monotonic() - killed_at
+            self.assertFalse(alive(provider))
+            log = leader.log_path.read_text(errors="replace")
+            crashed = next(
+                (line for line in log.splitlines() if f"pid={schedulers[0]}" in line), ""
+            )
+            self.assertIn("crashed", crashed, leader.log_tail())
+            report(
+                "leader scheduler SIGKILLed while serving (with a --sidecar)",
+                f"exit {leader.proc.returncode}: {crashed.strip()[-140:]}",
+                clean,
+            )
 
     def test_leader_sidecar_crash_loop_exhausts_the_restart_budget(self):
         group = EngineGroup(self.model, 1, ["--tp", "1"])
