@@ -69,6 +69,25 @@ def alive(pid: int) -> bool:
     return state != "Z"
 
 
+def listener_pid(port: int, candidates: list[int]) -> int | None:
+    """Which of ``candidates`` holds a TCP socket listening on ``port``."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError):
+            for row in Path(table).read_text().splitlines()[1:]:
+                fields = row.split()
+                local_port = int(fields[1].rsplit(":", 1)[1], 16)
+                if local_port == port and fields[3] == "0A":  # 0A: LISTEN
+                    inodes.add(f"socket:[{fields[9]}]")
+    for pid in candidates:
+        with contextlib.suppress(OSError):
+            for fd in Path(f"/proc/{pid}/fd").iterdir():
+                with contextlib.suppress(OSError):
+                    if os.readlink(fd) in inodes:
+                        return pid
+    return None
+
+
 def wait_clean(node: cluster.Node) -> float:
     """Seconds until no process of ``node`` is left (raises past the deadline)."""
     start = time.monotonic()
@@ -192,8 +211,9 @@ class TestLaunchFaults(CustomTestCase):
                 "the leader sidecar to start",
             )[0]
             provider = json.loads(path.read_text())["pid"]
-            schedulers = cluster.get_server_info(group.grpc_ports[0]).get("scheduler_pids")
-            self.assertTrue(schedulers, "server info lists no scheduler_pids")
+            # The stand-in scheduler is the process listening on the KV-events port.
+            schedulers = [listener_pid(group.kv_base, cluster.pids_with_tag(leader.tag))]
+            self.assertIsNotNone(schedulers[0], "no process of the node listens on the KV port")
             os.kill(schedulers[0], signal.SIGKILL)
             killed_at = time.monotonic()
             leader.proc.wait(timeout=CLEAN_DEADLINE)
