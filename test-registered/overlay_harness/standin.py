@@ -49,6 +49,9 @@ def run_standin_scheduler(*args: Any, **kwargs: Any) -> None:
     bound = inspect.signature(scheduler_mod.run_scheduler_process).bind(*args, **kwargs)
     ranks = bound.arguments
     server_args = ranks["server_args"]
+    # As the real scheduler process does first, so its log lines (the overlay's included)
+    # reach the node's log in the node's format.
+    scheduler_mod.configure_logger(server_args, prefix=f" TP{ranks['tp_rank']}")
     scheduler_mod.load_plugins()
     if hasattr(scheduler_mod, "SpawnRanks"):
         kv_events_publisher = _publisher_0_5_21(scheduler_mod, server_args, ranks)
