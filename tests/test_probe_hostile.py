@@ -20,6 +20,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from sglang_sidecar_overlay.contract.endpoints import endpoint_problems, normalize_endpoint
+from sglang_sidecar_overlay.tools import probe
 from sglang_sidecar_overlay.tools.probe import check_server_info, wire
 from test_cli import run_cli
 from test_probe import grpc_node
@@ -302,3 +303,37 @@ def test_a_tcp_peer_that_is_not_grpc_is_one_line(send: bytes | None) -> None:
         result = run_cli("probe", target, "--timeout", "3", timeout=60)
     line = assert_clean_failure(result, (3,))
     assert line.startswith("probe: ")
+
+
+# --- random replies through a real server -------------------------------------------------------
+
+RAW_REPLIES = st.one_of(
+    st.binary(max_size=300),
+    st.builds(wire.encode_get_server_info_response, st.text(max_size=200)),
+    st.builds(
+        lambda value: wire.encode_get_server_info_response(json.dumps(value)),
+        st.one_of(
+            WRONG_TYPED_INFO.filter(lambda info: "kv_event_sources" not in info), JSON_VALUES
+        ),
+    ),
+)
+
+
+@pytest.fixture(scope="module")
+def scripted_node() -> Iterator[tuple[str, list[bytes]]]:
+    """One real server for every example: GetServerInfo answers ``script[0]`` verbatim."""
+    script: list[bytes] = [b""]
+    with raw_grpc_node(lambda _stop: script[0]) as target:
+        yield target, script
+
+
+@settings(max_examples=150, deadline=None)
+@given(RAW_REPLIES)
+def test_run_probe_survives_any_reply(scripted_node: tuple[str, list[bytes]], raw: bytes) -> None:
+    # No kv_event_sources in the JSON replies: the probe would dial their endpoints.
+    target, script = scripted_node
+    script[0] = raw
+    report = probe.run_probe(target, timeout=5)
+    assert report.exit_code() in (1, 3)
+    if report.error is not None:
+        assert "\n" not in report.error.message
