@@ -228,7 +228,8 @@ class TestPlantedSecrets(CustomTestCase):
                     stack.callback(node.stop, 10)
                 try:
                     for node in started:
-                        self.assertEqual(node.ready()["event"], "ready", node.log_tail())
+                        event = node.ready()
+                        self.assertEqual(event["event"], "ready", f"{event}\n{node.log_tail()}")
                     texts["grpc leader"] = grpc_server_info_text(group.grpc_ports[0])
                     texts["grpc follower"] = grpc_server_info_text(group.grpc_ports[1])
                     texts["http leader"] = http_server_info_text(
