@@ -14,10 +14,14 @@ from __future__ import annotations
 import inspect
 import multiprocessing
 import multiprocessing.connection
+import os
+import signal
 import time
 from typing import Any
 
 MAX_TOTAL_NUM_TOKENS = 4096
+# Fault injection for tests: "kill_before_ready" SIGKILLs the stand-in before it reports ready.
+FAULT_ENV = "OVERLAY_HARNESS_SCHEDULER_FAULT"
 
 
 def _startup_time(builder: Any) -> Any:
@@ -45,6 +49,9 @@ def run_standin_scheduler(*args: Any, **kwargs: Any) -> None:
     bound = inspect.signature(scheduler_mod.run_scheduler_process).bind(*args, **kwargs)
     ranks = bound.arguments
     server_args = ranks["server_args"]
+    # As the real scheduler process does first, so its log lines (the overlay's included)
+    # reach the node's log in the node's format.
+    scheduler_mod.configure_logger(server_args, prefix=f" TP{ranks['tp_rank']}")
     scheduler_mod.load_plugins()
     if hasattr(scheduler_mod, "SpawnRanks"):
         kv_events_publisher = _publisher_0_5_21(scheduler_mod, server_args, ranks)
@@ -59,6 +66,8 @@ def run_standin_scheduler(*args: Any, **kwargs: Any) -> None:
     standin.enable_hierarchical_cache = False
     standin.kv_events_publisher = kv_events_publisher
     standin.server_args = server_args
+    if os.environ.get(FAULT_ENV) == "kill_before_ready":
+        os.kill(os.getpid(), signal.SIGKILL)
     ranks["pipe_writer"].send(scheduler_mod.Scheduler.get_init_info(standin))
 
     parent = multiprocessing.parent_process()

@@ -529,6 +529,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:
         # `... | head` closed the pipe; nothing left to say.
         return EXIT_PROBLEM
+    except Exception as exc:  # last resort: the guide promises one line, never a traceback
+        detail = " ".join(str(exc).split())[:500]
+        print(f"{args.command}: unexpected {type(exc).__name__}: {detail}", file=sys.stderr)
+        return EXIT_PROBLEM
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ from typing import Any
 
 from sglang_sidecar_overlay.contract.endpoints import endpoint_problems
 from sglang_sidecar_overlay.contract.incarnation import CONTRACT_VERSION, check_incarnation
-from sglang_sidecar_overlay.contract.redaction import REDACTED, is_secret_name
+from sglang_sidecar_overlay.contract.redaction import REDACTED, is_secret_name, redact_text
 from sglang_sidecar_overlay.contract.schema import load_schema
 from sglang_sidecar_overlay.contract.server_info import rank_space
 from sglang_sidecar_overlay.contract.sources import DEFAULT_ENCODING
@@ -34,11 +34,30 @@ __all__ = [
     "health_findings",
 ]
 
+# Deepest object/array nesting the checks walk; real server info is under 10 levels.
+MAX_NESTING = 64
 _DISAGGREGATION_MODES = frozenset({"null", "agg", "aggregated", "prefill", "decode"})
 # What contract version 2 added; a node without contract_version lacks them all.
 _VERSION_2_KEYS = ("contract_version", "incarnation", "encoding")
 # Batch encodings ``probe --listen`` decodes.
 _DECODABLE_ENCODINGS = frozenset({DEFAULT_ENCODING})
+
+
+def _nesting_exceeds(value: Any, limit: int) -> bool:
+    """Whether objects/arrays nest deeper than ``limit`` (iterative: any depth is safe)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            children: Any = item.values()
+        elif isinstance(item, list):
+            children = item
+        else:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children)
+    return False
 
 
 def _is_int(value: Any) -> bool:
@@ -51,9 +70,17 @@ def check_server_info(text: str) -> tuple[dict | None, list[Finding]]:
         info = json.loads(text)
     except ValueError as exc:
         return None, [Finding(ERROR, "json", "json_info", f"not parsable JSON: {exc}")]
+    except RecursionError:
+        message = f"nests deeper than {MAX_NESTING} levels (too deep to parse)"
+        return None, [Finding(ERROR, "json", "json_info", message)]
     if not isinstance(info, dict):
         kind = type(info).__name__
         return None, [Finding(ERROR, "json", "json_info", f"must be a JSON object, got {kind}")]
+    if _nesting_exceeds(info, MAX_NESTING):
+        # Server info is a few levels deep; deeper input is hostile and every later walk
+        # (checks, schema, --json output) would recurse into it.
+        message = f"nests deeper than {MAX_NESTING} levels"
+        return None, [Finding(ERROR, "json", "json_info", message)]
     findings = [Finding(OK, "json", "json_info", f"JSON object with {len(info)} keys")]
     findings += _check_topology(info)
     findings += _check_overlay_keys(info)
@@ -92,7 +119,7 @@ def _check_topology(info: Mapping[str, Any]) -> list[Finding]:
     if not _is_int(dp_size) or dp_size < 1:
         found.append(Finding(ERROR, "topology", "dp_size", f"must be an int ≥ 1, got {dp_size!r}"))
     mode = info.get("disaggregation_mode")
-    if mode is not None and mode not in _DISAGGREGATION_MODES:
+    if mode is not None and (not isinstance(mode, str) or mode not in _DISAGGREGATION_MODES):
         found.append(Finding(ERROR, "topology", "disaggregation_mode", f"unknown mode {mode!r}"))
     if not found:
         found.append(
@@ -411,7 +438,8 @@ def _check_rank_space_object(info: Mapping[str, Any], sources: list) -> list[Fin
     advertised = sorted(
         {s.get("dp_rank") for s in sources if isinstance(s, dict) and _is_int(s.get("dp_rank"))}
     )
-    if not isinstance(local, list) or sorted(local) != advertised:
+    ranks_ok = isinstance(local, list) and all(_is_int(rank) for rank in local)
+    if not ranks_ok or sorted(local) != advertised:
         found.append(
             Finding(
                 ERROR,
@@ -472,6 +500,16 @@ def _check_secrets(info: Mapping[str, Any]) -> list[Finding]:
         elif isinstance(value, list):
             for index, item in enumerate(value):
                 walk(item, f"{path}[{index}]")
+        elif isinstance(value, str) and redact_text(value) != value:
+            found.append(
+                Finding(
+                    ERROR,
+                    "secrets",
+                    path or "json_info",
+                    "holds an unredacted credential (a URL password, a secret query parameter, "
+                    "a secret flag or a secret key inside the text)",
+                )
+            )
 
     walk(info, "")
     return found

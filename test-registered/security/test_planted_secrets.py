@@ -1,0 +1,291 @@
+"""Secrets planted through SGLang's real launch path never leave a node through the overlay.
+
+CPU-only, two nodes (attention DP, so the follower owns a publisher and runs its sidecar): the
+leader through ``http_server.launch_server`` (``overlay_harness.providers.http_node``), the
+follower through the real follower branch (``overlay_harness.node``). The installed release's
+``ServerArgs`` fields are enumerated (not a hand list): every field the redaction rule names
+secret gets a unique canary through its own flag (``watermark_key``, which has none, through
+``--watermark-config``); fields whose value can carry a secret by shape get canaries in that
+shape: JSON (``hicache_storage_backend_extra_config``, ``model_loader_extra_config``), a Python
+literal (``deepep_config``), URL credentials and signed-URL query parameters
+(``served_model_name``, ``otlp_traces_endpoint``, ``encoder_urls``). ``model_path`` keeps the
+config-only model directory: SGLang reads the model config from it at launch, so a URL there
+would be dereferenced (the builder's unit tests cover a credential URL in ``model_path``).
+Every canary also reaches ``launch_command`` (the nodes' argv).
+
+Scanned, with 0 canaries allowed: gRPC ``GetServerInfo`` of both nodes, HTTP ``/server_info``
+of the leader, every log line of the overlay's loggers in both nodes' logs (SGLang's own
+logging is configured through ``SGLANG_LOGGING_CONFIG_PATH`` to name each line's logger, the
+overlay's at DEBUG), every line no SGLang logger claims, and the argv and environment of both
+sidecars (``security.sidecar_dump``). SGLang's own log lines are counted and reported, not
+asserted: they are upstream's (its ``server_args=`` line prints every field).
+"""
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import os
+import secrets
+import sys
+import tempfile
+import unittest
+import urllib.request
+from pathlib import Path
+from unittest import mock
+
+import grpc
+import msgspec
+from overlay_harness import cluster
+from overlay_harness.cluster import EngineGroup
+from sglang.srt.server_args import ServerArgs
+from sglang.test.ci.ci_register import register_cpu_ci
+from sglang.test.test_utils import CustomTestCase
+from sglang_sidecar_overlay import releases
+from sglang_sidecar_overlay.contract.redaction import is_secret_name
+from sglang_sidecar_overlay.tools.probe import wire
+
+register_cpu_ci(est_time=400, suite="base-a-test-cpu")
+
+RELEASE = releases.installed_sglang_version() or ""
+PROVIDER = "security.sidecar_dump"
+OVERLAY_LOGGER = "sglang_sidecar_overlay"
+LINE_MARK = "@@"
+DUMP_DEADLINE = 240.0
+LOGGING_CONFIG = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"named": {"format": f"{LINE_MARK}%(name)s{LINE_MARK} %(message)s"}},
+    "handlers": {
+        "stderr": {
+            "class": "logging.StreamHandler",
+            "formatter": "named",
+            "stream": "ext://sys.stderr",
+        }
+    },
+    "root": {"level": "INFO", "handlers": ["stderr"]},
+    "loggers": {OVERLAY_LOGGER: {"level": "DEBUG"}},
+}
+
+
+class HttpLeader(cluster.Node):
+    """The leader through SGLang's ``launch_server`` (HTTP ``/server_info`` included)."""
+
+    module = "overlay_harness.providers.http_node"
+
+
+def server_arg_fields() -> list[tuple[str, object]]:
+    """(name, default) of every field of the installed release's ``ServerArgs``."""
+    if isinstance(ServerArgs, type) and issubclass(ServerArgs, msgspec.Struct):
+        return [(field.name, field.default) for field in msgspec.structs.fields(ServerArgs)]
+    return [(field.name, field.default) for field in dataclasses.fields(ServerArgs)]
+
+
+def cli_flags() -> dict[str, argparse.Action]:
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    return dict(parser._option_string_actions)
+
+
+def takes_text(action: argparse.Action | None) -> bool:
+    return action is not None and action.nargs != 0 and action.type in (None, str)
+
+
+def canary() -> str:
+    # 16 hex digits: unique, and also a valid watermark key (SGLang wants 1-16 hex digits).
+    return secrets.token_hex(8)
+
+
+def plant(fields: list[tuple[str, object]], flags: dict) -> tuple[list[str], dict[str, str]]:
+    """Launch arguments planting canaries, and {label: canary}."""
+    names = {name for name, _ in fields}
+    args: list[str] = []
+    planted: dict[str, str] = {}
+    unsettable: list[str] = []
+
+    def flag(name: str) -> str:
+        return "--" + name.replace("_", "-")
+
+    for name, _default in fields:
+        if not is_secret_name(name):
+            continue
+        if takes_text(flags.get(flag(name))):
+            planted[name] = canary()
+            args += [flag(name), planted[name]]
+        elif name == "watermark_key" and takes_text(flags.get("--watermark-config")):
+            planted["watermark_config.key"] = canary()
+            args += ["--watermark-config", json.dumps({"key": planted["watermark_config.key"]})]
+        else:
+            unsettable.append(name)
+    if unsettable:
+        raise AssertionError(f"secret-named fields with no way to set them: {unsettable}")
+
+    def shaped(name: str, build) -> None:
+        if name in names and takes_text(flags.get(flag(name))):
+            values: dict[str, str] = {}
+
+            def mark(label: str) -> str:
+                values[f"{name}:{label}"] = canary()
+                return values[f"{name}:{label}"]
+
+            args.extend([flag(name), build(mark)])
+            planted.update(values)
+
+    shaped(
+        "hicache_storage_backend_extra_config",
+        lambda mark: json.dumps(
+            {
+                "access_key": mark("access_key"),
+                "secret_key": mark("secret_key"),
+                "auth": {"session": [{"token": mark("nested token")}]},
+                "endpoint": f"s3://AKID:{mark('url password')}@bucket/prefix",
+            }
+        ),
+    )
+    shaped(
+        "model_loader_extra_config",
+        lambda mark: json.dumps(
+            {
+                "hf_token": mark("hf_token"),
+                "url": f"https://h.example/m?X-Amz-Credential={mark('X-Amz-Credential')}"
+                f"&X-Amz-Signature={mark('X-Amz-Signature')}&X-Amz-Date=20260101",
+            }
+        ),
+    )
+    shaped("deepep_config", lambda mark: repr({"secret_key": mark("python literal")}))
+    shaped(
+        "served_model_name",
+        lambda mark: f"s3://{mark('url user')}:{mark('url password')}@bucket/m"
+        f"?X-Amz-Security-Token={mark('X-Amz-Security-Token')}&sig={mark('sig')}"
+        f"&token={mark('token')}&signature={mark('signature')}",
+    )
+    shaped("otlp_traces_endpoint", lambda mark: f"http://otel:{mark('url password')}@c:4317")
+    shaped("encoder_urls", lambda mark: f"https://{mark('url token')}@encoder.example:8997")
+    return args, planted
+
+
+def grpc_server_info_text(port: int) -> str:
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        call = channel.unary_unary(
+            wire.GET_SERVER_INFO_PATH,
+            request_serializer=lambda b: b,
+            response_deserializer=lambda b: b,
+        )
+        reply = call(wire.encode_get_server_info_request(), timeout=30.0)
+    return wire.decode_get_server_info_response(reply)
+
+
+def http_server_info_text(port: int, api_key: str | None) -> str:
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/server_info")
+    if api_key is not None:
+        request.add_header("Authorization", f"Bearer {api_key}")
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    with opener.open(request, timeout=30) as reply:
+        return reply.read().decode("utf-8")
+
+
+def forms(value: str) -> list[str]:
+    """The canary and its decimal rendering (a resolved hex key could be kept as an int)."""
+    return [value, str(int(value, 16))]
+
+
+def dumped(prefix: Path) -> list[Path]:
+    return sorted(prefix.parent.glob(f"{prefix.name}.*[0-9].json"))
+
+
+def found_in(text: str, planted: dict[str, str]) -> list[str]:
+    return sorted(label for label, value in planted.items() if any(f in text for f in forms(value)))
+
+
+class TestPlantedSecrets(CustomTestCase):
+    def test_no_planted_canary_leaves_a_node(self):
+        fields = server_arg_fields()
+        plant_args, planted = plant(fields, cli_flags())
+        self.assertGreaterEqual(len(planted), 10, planted)
+        with tempfile.TemporaryDirectory(prefix="overlay-secrets-") as tmp:
+            workdir = Path(tmp)
+            model = cluster.write_tiny_model(workdir / "tiny-llama")
+            config = workdir / "logging.json"
+            config.write_text(json.dumps(LOGGING_CONFIG))
+            group = EngineGroup(model, 2, ["--tp", "2", "--dp", "2", "--enable-dp-attention"])
+            dumps = {"leader": workdir / "leader", "follower": workdir / "follower"}
+            arg_lists = [
+                group.for_node(0, PROVIDER, ["--dump", str(dumps["leader"])]) + plant_args,
+                group.for_node(1, PROVIDER, ["--sidecar-on-followers", "--dump",
+                                             str(dumps["follower"])]) + plant_args,
+            ]  # fmt: skip
+            env = {"SGLANG_LOGGING_CONFIG_PATH": str(config)}
+            texts: dict[str, str] = {}
+            started: list[cluster.Node] = []
+            with mock.patch.dict(os.environ, env), contextlib.ExitStack() as stack:
+                started = cluster.start_followers_first(
+                    lambda args, index: (HttpLeader, cluster.Node)[index](
+                        args, workdir, ("leader", "follower")[index]
+                    ),
+                    arg_lists,
+                )
+                for node in started:
+                    stack.callback(node.stop, 10)
+                try:
+                    for node in started:
+                        event = node.ready()
+                        self.assertEqual(event["event"], "ready", f"{event}\n{node.log_tail()}")
+                    texts["grpc leader"] = grpc_server_info_text(group.grpc_ports[0])
+                    texts["grpc follower"] = grpc_server_info_text(group.grpc_ports[1])
+                    texts["http leader"] = http_server_info_text(
+                        group.http_ports[0], planted.get("api_key")
+                    )
+                    for role, prefix in dumps.items():
+                        path = cluster.wait_for(
+                            lambda prefix=prefix: dumped(prefix),
+                            DUMP_DEADLINE,
+                            f"the {role} sidecar to record its argv and environment",
+                        )[0]
+                        texts[f"sidecar {role} argv+environ"] = path.read_text()
+                except BaseException:
+                    for node in started:
+                        sys.stderr.write(f"--- {node.name} log (tail) ---\n{node.log_tail(80)}\n")
+                    raise
+            # Nodes stopped: the logs now hold shutdown too.
+            sglang_hits: dict[str, list[str]] = {}
+            for node in started:
+                overlay, unclaimed, upstream = self.split_log(node.log_path)
+                self.assertGreater(len(overlay), 0, f"{node.name}: no overlay log line seen")
+                texts[f"{node.name} overlay log ({len(overlay)} lines)"] = "\n".join(overlay)
+                texts[f"{node.name} unclaimed log lines"] = "\n".join(unclaimed)
+                sglang_hits[node.name] = found_in("\n".join(upstream), planted)
+
+        leaks = {where: found_in(text, planted) for where, text in texts.items()}
+        for where in texts:
+            sys.stderr.write(f"[{RELEASE}] scanned {where}: {len(leaks[where])} canaries\n")
+        sys.stderr.write(
+            f"[{RELEASE}] planted {len(planted)} canaries ({len(fields)} ServerArgs fields): "
+            f"{', '.join(sorted(planted))}\n"
+        )
+        for name, hits in sglang_hits.items():
+            sys.stderr.write(
+                f"[{RELEASE}] {name}: SGLang's own log lines (not the overlay's) show "
+                f"{len(hits)} canaries\n"
+            )
+        self.assertEqual({where: hits for where, hits in leaks.items() if hits}, {})
+        total = sum(len(hits) for hits in leaks.values())
+        sys.stderr.write(f"[{RELEASE}] canaries found by the scan: {total}\n")
+
+    @staticmethod
+    def split_log(path: Path) -> tuple[list[str], list[str], list[str]]:
+        """(overlay lines, lines no logger claims, SGLang's own logger lines)."""
+        overlay: list[str] = []
+        unclaimed: list[str] = []
+        upstream: list[str] = []
+        for line in path.read_text(errors="replace").splitlines():
+            if line.startswith(LINE_MARK) and LINE_MARK in line[len(LINE_MARK) :]:
+                name = line[len(LINE_MARK) :].split(LINE_MARK, 1)[0]
+                is_overlay = name == OVERLAY_LOGGER or name.startswith(f"{OVERLAY_LOGGER}.")
+                (overlay if is_overlay else upstream).append(line)
+            else:
+                unclaimed.append(line)
+        return overlay, unclaimed, upstream
+
+
+if __name__ == "__main__":
+    unittest.main()
