@@ -15,6 +15,7 @@ import string
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from sglang_sidecar_overlay.contract.incarnation import Incarnation
 from sglang_sidecar_overlay.contract.redaction import (
     QUERY_SECRET_WORDS,
     REDACTED,
@@ -30,6 +31,7 @@ from sglang_sidecar_overlay.tools.probe import check_server_info
 
 READY = {"status": "ready", "max_total_num_tokens": 4096, "max_req_input_len": 2048}
 BASE_ARGS = {"model_path": "/models/m", "node_rank": 0, "nnodes": 1, "dp_size": 1}
+LAUNCH = Incarnation(id="0123456789abcdef" * 2, started_at=1_700_000_000.0)
 
 # --- unit cases ---------------------------------------------------------------------------------
 
@@ -97,7 +99,7 @@ def test_redact_text_keeps_non_secret_text_byte_identical(text: str) -> None:
 def test_model_path_url_credentials_hidden_in_field_and_launch_command() -> None:
     args = {**BASE_ARGS, "model_path": "s3://user:pa55@bucket/m"}
     command = "python -m sglang.launch_server --model-path s3://user:pa55@bucket/m --port 30000"
-    info = build_server_info(args, READY, launch_command=command)
+    info = build_server_info(args, READY, launch_command=command, incarnation=LAUNCH)
     text = render_server_info(info)
     assert "pa55" not in text
     assert "user:" not in text
@@ -113,7 +115,7 @@ def test_hicache_extra_config_json_in_server_arg_and_command() -> None:
     command = shlex.join(
         ["sglang", "serve", "--hicache-storage-backend-extra-config", config, "--port", "1"]
     )
-    info = build_server_info(args, READY, launch_command=command)
+    info = build_server_info(args, READY, launch_command=command, incarnation=LAUNCH)
     text = render_server_info(info)
     assert "AK-canary" not in text
     assert "SK-canary" not in text
@@ -151,7 +153,7 @@ def test_query_names() -> None:
 
 
 def test_probe_flags_a_served_url_credential_or_json_secret() -> None:
-    info = build_server_info(BASE_ARGS, READY)
+    info = build_server_info(BASE_ARGS, READY, incarnation=LAUNCH)
     info["model_path"] = "s3://u:pw@b/m"
     info["extra"] = {"config": '{"secret_key": "x"}'}
     _, findings = check_server_info(json.dumps(info))
@@ -161,7 +163,9 @@ def test_probe_flags_a_served_url_credential_or_json_secret() -> None:
 
 def test_probe_accepts_redacted_output() -> None:
     args = {**BASE_ARGS, "model_path": "s3://u:pw@b/m", "api_key": "k"}
-    info = build_server_info(args, READY, launch_command="x --api-key k https://h/?sig=s")
+    info = build_server_info(
+        args, READY, launch_command="x --api-key k https://h/?sig=s", incarnation=LAUNCH
+    )
     _, findings = check_server_info(render_server_info(info))
     assert not [f for f in findings if f.check == "secrets"]
 
@@ -310,7 +314,7 @@ def planted_launch(draw: st.DrawFn) -> tuple[dict, str, list[str]]:
 @given(planted_launch())
 def test_no_planted_canary_survives_the_builder(case: tuple[dict, str, list[str]]) -> None:
     args, command, canaries = case
-    info = build_server_info(args, READY, launch_command=command)
+    info = build_server_info(args, READY, launch_command=command, incarnation=LAUNCH)
     text = render_server_info(info)
     for canary in canaries:
         assert canary not in text
@@ -321,7 +325,7 @@ def test_no_planted_canary_survives_the_builder(case: tuple[dict, str, list[str]
 @given(SAFE_DATA, SAFE_KEY)
 def test_data_without_secrets_is_unchanged(data: object, key: str) -> None:
     args = {key: data, **BASE_ARGS}
-    info = build_server_info(args, READY)
+    info = build_server_info(args, READY, incarnation=LAUNCH)
     assert info[key] == json.loads(json.dumps(data))
     assert redact(data) == data
     text = json.dumps(data)
