@@ -11,7 +11,7 @@ WHEEL_DIR := dist
 SGLANG_RELEASES ?= ci
 
 .PHONY: venv build-dev wheel install lint rust-check python-lint test test-unit test-registered \
-	selftest benchmark clean
+	selftest benchmark clean patches-check patched-wheel test-patched
 
 venv: $(PY)
 $(PY):
@@ -51,6 +51,19 @@ test-registered:
 
 test: rust-check install python-lint test-unit test-registered
 
+# The upstream patch series (patches/): apply it to the released SGLang tree with git am,
+# repack and install the rebuilt wheel into a cached env (scripts/patches.py).
+patches-check:
+	$(PYTHON) scripts/patches.py check
+
+# The rebuilt SGLang wheel, for `pip install dist-patched/sglang-*.whl`.
+patched-wheel:
+	$(PYTHON) scripts/patches.py wheel --out dist-patched
+
+# The scenarios of test-registered/ against the rebuilt wheel, the plugin not loaded.
+test-patched:
+	$(PY) scripts/sglang_envs.py test --patched --releases 0.5.23 --wheel-dir $(WHEEL_DIR)
+
 selftest: install
 	$(VENV)/bin/sglang-sidecar-overlay selftest
 
@@ -58,4 +71,4 @@ benchmark: install
 	$(PY) scripts/bench.py
 
 clean:
-	rm -rf $(WHEEL_DIR) target $(VENV)
+	rm -rf $(WHEEL_DIR) dist-patched target $(VENV)

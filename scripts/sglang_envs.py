@@ -195,9 +195,9 @@ def uv_env() -> dict[str, str]:
     return env
 
 
-def env_key(release: str, python: str) -> str:
+def env_key(release: str, python: str, sglang_wheel: Path | None = None) -> str:
     torch, transformers = PINS[release]
-    recipe = {
+    recipe: dict[str, object] = {
         "recipe": RECIPE_VERSION,
         "release": release,
         "python": python,
@@ -208,6 +208,8 @@ def env_key(release: str, python: str) -> str:
         "undeclared": UNDECLARED_DEPS,
         "test": TEST_DEPS,
     }
+    if sglang_wheel is not None:
+        recipe["sglang_wheel"] = hashlib.sha256(sglang_wheel.read_bytes()).hexdigest()
     return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:12]
 
 
@@ -215,8 +217,11 @@ def python_version() -> str:
     return f"{sys.version_info.major}.{sys.version_info.minor}"
 
 
-def env_path(release: str) -> Path:
-    return cache_dir() / "envs" / f"sglang-{release}-{env_key(release, python_version())}"
+def env_path(release: str, sglang_wheel: Path | None = None) -> Path:
+    """The env of ``release``; with ``sglang_wheel``, of that rebuilt wheel instead of PyPI's."""
+    key = env_key(release, python_version(), sglang_wheel)
+    kind = "patched" if sglang_wheel is not None else ""
+    return cache_dir() / "envs" / f"sglang-{release}-{kind + '-' if kind else ''}{key}"
 
 
 def _requirement_name(requirement: str) -> str:
@@ -249,9 +254,13 @@ def pinned_requirements(env: Path) -> list[str]:
     return [chosen[name] for name in IMPORT_TIME_DEPS]
 
 
-def build_env(release: str) -> Path:
-    """The cached env for ``release``, built when missing. Returns its directory."""
-    env = env_path(release)
+def build_env(release: str, sglang_wheel: Path | None = None) -> Path:
+    """The cached env for ``release``, built when missing. Returns its directory.
+
+    ``sglang_wheel`` installs that wheel (a rebuilt ``release``, see ``scripts/patches.py``)
+    in place of ``sglang==<release>`` from PyPI; everything else is the same recipe.
+    """
+    env = env_path(release, sglang_wheel)
     torch, transformers = PINS[release]
     with locked(env.with_name(env.name + ".lock")):
         if (env / ".complete").exists():
@@ -263,10 +272,8 @@ def build_env(release: str) -> Path:
         uvenv = uv_env()
         run([uv, "venv", "-q", "--python", sys.executable, env], env=uvenv)
         python = env / "bin" / "python"
-        run(
-            [uv, "pip", "install", "-q", "--python", python, "--no-deps", f"sglang=={release}"],
-            env=uvenv,
-        )
+        sglang = str(sglang_wheel) if sglang_wheel is not None else f"sglang=={release}"
+        run([uv, "pip", "install", "-q", "--python", python, "--no-deps", sglang], env=uvenv)
         requirements = pinned_requirements(env)
         # torch/transformers constrained explicitly, so a loose line elsewhere cannot move them.
         constraints = env / "constraints.txt"
