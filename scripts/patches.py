@@ -18,9 +18,10 @@ the released wheel's tags and metadata, with the local version ``+sidecaroverlay
 file. ``check`` also installs it into a cached env built by ``sglang_envs.build_env`` exactly
 like the stock envs (the torch wheels shared through the uv cache).
 
-    scripts/patches.py check                    apply, repack, install (what make patches-check runs)
+    scripts/patches.py check                    apply, repack, install (make patches-check)
     scripts/patches.py wheel --out dist-patched apply, repack, copy the wheel to --out
     scripts/patches.py base DIR                 a scratch repo at DIR for editing the series
+    scripts/patches.py series-tests             the series' own test/registered files, rebuilt wheel
     scripts/patches.py upstream-tests --tests-dir DIR
                                                 upstream's existing tests for the touched files
 """
@@ -101,9 +102,8 @@ def git(repo: Path, *args: str | os.PathLike, capture: bool = False) -> str:
         text=True,
     )
     if result.returncode != 0:
-        raise SystemExit(
-            f"git {' '.join(str(a) for a in args)} failed in {repo}:\n{result.stdout}{result.stderr}"
-        )
+        command = " ".join(str(a) for a in args)
+        raise SystemExit(f"git {command} failed in {repo}:\n{result.stdout}{result.stderr}")
     return result.stdout if capture else ""
 
 
@@ -293,6 +293,25 @@ def check(release: str) -> int:
     return 0
 
 
+def series_tests(release: str) -> int:
+    """The series' own ``test/registered`` files, each run as upstream's CI runs them."""
+    _, env = patched_env(release)
+    repo = cache_root() / "patched" / f"apply-{release}"
+    files = sorted((repo / "test" / "registered").rglob("test_*.py"))
+    if not files:
+        raise SystemExit(f"no test/registered files in the applied series at {repo}")
+    failed = []
+    for test in files:
+        started = time.monotonic()
+        code = subprocess.run(
+            [str(env / "bin" / "python"), "-W", "ignore", test.name], cwd=test.parent
+        ).returncode
+        log(f"{test.relative_to(repo)}: exit {code} in {time.monotonic() - started:.0f} s")
+        if code != 0:
+            failed.append(test.name)
+    return 1 if failed else 0
+
+
 def upstream_tests(release: str, tests_dir: Path, pytest_args: list[str]) -> int:
     """Upstream's existing tests for the touched files, from a local copy of ``test/``."""
     missing = [t for t in UPSTREAM_TESTS if not (tests_dir / t.split("::")[0]).is_file()]
@@ -317,6 +336,7 @@ def main(argv: list[str] | None = None) -> int:
     wheel.add_argument("--out", type=Path, default=ROOT / "dist-patched")
     base = commands.add_parser("base", help="a scratch repo with the base tree, for editing")
     base.add_argument("dir", type=Path)
+    commands.add_parser("series-tests", help="the series' own tests against the rebuilt wheel")
     upstream = commands.add_parser("upstream-tests", help="upstream's tests of touched files")
     upstream.add_argument("--tests-dir", type=Path, default=cache_root() / "upstream-sglang")
     upstream.add_argument("pytest_args", nargs="*")
@@ -336,6 +356,8 @@ def main(argv: list[str] | None = None) -> int:
         scratch_clone(args.release, args.dir)
         print(args.dir)
         return 0
+    if args.command == "series-tests":
+        return series_tests(args.release)
     return upstream_tests(args.release, args.tests_dir.resolve(), args.pytest_args)
 
 

@@ -357,7 +357,44 @@ def install_consumer(env: Path) -> None:
     install_dynamo(env / "bin" / "python")
 
 
-def run_tests(env: Path, release: str, pytest_args: Sequence[str]) -> int:
+# What the nodes' SGLANG_PLUGINS is set to in a --patched run: an allow-list naming no
+# installed plugin, so SGLang skips sidecar_overlay (test-registered's harness reads it).
+NO_PLUGIN = "none"
+PLUGINS_ENV = "SGLANG_OVERLAY_TEST_PLUGINS"
+PLUGIN_PROOF = (
+    "import logging, sys; logging.basicConfig(level=logging.INFO, stream=sys.stdout); "
+    "from sglang.srt.plugins import load_plugins; load_plugins(); "
+    "from sglang_sidecar_overlay import plugin; "
+    "print('overlay adapter:', plugin.installed_adapter())"
+)
+
+
+def prove_plugin_absent(env: Path) -> None:
+    """Show, in the env and with the nodes' SGLANG_PLUGINS, that the plugin is not loaded."""
+    environ = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
+    environ["SGLANG_PLUGINS"] = NO_PLUGIN
+    python = env / "bin" / "python"
+    out = subprocess.run(
+        [python, "-W", "ignore", "-c", PLUGIN_PROOF],
+        env=environ, cwd=env, capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    status = subprocess.run(
+        [env / "bin" / "sglang-sidecar-overlay", "status"],
+        env=environ, cwd=env, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    lines = [line for line in out.splitlines() if "sidecar_overlay" in line or "overlay" in line]
+    for line in lines + status.stdout.splitlines():
+        log(f"patched: {line}")
+    if "overlay adapter: None" not in out or "sglang-sidecar-overlay: SGLang" in out:
+        raise SystemExit("the overlay plugin loaded in the patched env")
+    if status.returncode == 0:
+        raise SystemExit("sglang-sidecar-overlay status says active in the patched env")
+    log("patched: plugin not loaded (status exit code 1: inactive)")
+
+
+def run_tests(
+    env: Path, release: str, pytest_args: Sequence[str], extra_env: dict[str, str] | None = None
+) -> int:
     # Paths given after "--" replace the default of the whole tree.
     targets = (
         [] if any(not arg.startswith("-") for arg in pytest_args) else [ROOT / "test-registered"]
@@ -378,6 +415,7 @@ def run_tests(env: Path, release: str, pytest_args: Sequence[str]) -> int:
     environ.pop("VIRTUAL_ENV", None)
     # The project is tested as installed: the source tree must not shadow the wheel.
     environ.pop("PYTHONPATH", None)
+    environ.update(extra_env or {})
     return subprocess.run([str(part) for part in cmd], env=environ, cwd=ROOT).returncode
 
 
@@ -393,6 +431,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         if name == "test":
             sub.add_argument("--wheel-dir", type=Path, default=ROOT / "dist")
+            sub.add_argument(
+                "--patched",
+                action="store_true",
+                help="run in the env of the rebuilt wheel from patches/ (scripts/patches.py), "
+                "with the overlay plugin not loaded",
+            )
             sub.add_argument("pytest_args", nargs="*", help="after --: passed to pytest")
     path = commands.add_parser("path")
     path.add_argument("release", choices=list(PINS))
@@ -404,6 +448,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     releases = parse_releases(args.releases)
     wheel = find_wheel(args.wheel_dir) if args.command == "test" else None
+    if args.command == "test" and args.patched:
+        return test_patched(releases, wheel, args.pytest_args)
     timings = {}
     for release in releases:
         started = time.monotonic()
@@ -426,6 +472,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     log(f"test-registered passed on {', '.join(releases)}")
     return 0
+
+
+def test_patched(releases: list[str], wheel: Path, pytest_args: Sequence[str]) -> int:
+    """The same test-registered files against the rebuilt wheel, the plugin not loaded."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import patches
+
+    if releases != [patches.RELEASE]:
+        raise SystemExit(f"--patched runs on {patches.RELEASE} only (the series' base)")
+    _, env = patches.patched_env(patches.RELEASE)
+    install_project(env, wheel)
+    install_consumer(env)
+    prove_plugin_absent(env)
+    code = run_tests(env, f"{patches.RELEASE} (patched)", pytest_args, {PLUGINS_ENV: NO_PLUGIN})
+    log(f"test-registered {'passed' if code == 0 else 'failed'} on the rebuilt wheel")
+    return code
 
 
 if __name__ == "__main__":
