@@ -195,7 +195,7 @@ def uv_env() -> dict[str, str]:
     return env
 
 
-def env_key(release: str, python: str, sglang_wheel: Path | None = None) -> str:
+def env_key(release: str, python: str, patched: bool = False) -> str:
     torch, transformers = PINS[release]
     recipe: dict[str, object] = {
         "recipe": RECIPE_VERSION,
@@ -208,8 +208,8 @@ def env_key(release: str, python: str, sglang_wheel: Path | None = None) -> str:
         "undeclared": UNDECLARED_DEPS,
         "test": TEST_DEPS,
     }
-    if sglang_wheel is not None:
-        recipe["sglang_wheel"] = hashlib.sha256(sglang_wheel.read_bytes()).hexdigest()
+    if patched:
+        recipe["sglang"] = "rebuilt wheel, reinstalled when it changes"
     return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:12]
 
 
@@ -217,11 +217,35 @@ def python_version() -> str:
     return f"{sys.version_info.major}.{sys.version_info.minor}"
 
 
-def env_path(release: str, sglang_wheel: Path | None = None) -> Path:
-    """The env of ``release``; with ``sglang_wheel``, of that rebuilt wheel instead of PyPI's."""
-    key = env_key(release, python_version(), sglang_wheel)
-    kind = "patched" if sglang_wheel is not None else ""
-    return cache_dir() / "envs" / f"sglang-{release}-{kind + '-' if kind else ''}{key}"
+def env_path(release: str, patched: bool = False) -> Path:
+    """The env of ``release``; ``patched``: the env that holds a rebuilt ``release`` wheel."""
+    key = env_key(release, python_version(), patched)
+    return cache_dir() / "envs" / f"sglang-{release}-{'patched-' if patched else ''}{key}"
+
+
+def install_sglang_wheel(env: Path, sglang_wheel: Path) -> None:
+    """(Re)install a rebuilt sglang wheel into a patched env, unless it is already there."""
+    marker = env / ".sglang-wheel"
+    digest = hashlib.sha256(sglang_wheel.read_bytes()).hexdigest()
+    if marker.exists() and marker.read_text() == digest:
+        return
+    marker.unlink(missing_ok=True)
+    run(
+        [
+            uv_binary(),
+            "pip",
+            "install",
+            "-q",
+            "--python",
+            env / "bin" / "python",
+            "--no-deps",
+            "--reinstall",
+            "--compile-bytecode",
+            sglang_wheel,
+        ],
+        env=uv_env(),
+    )
+    marker.write_text(digest)
 
 
 def _requirement_name(requirement: str) -> str:
@@ -260,11 +284,13 @@ def build_env(release: str, sglang_wheel: Path | None = None) -> Path:
     ``sglang_wheel`` installs that wheel (a rebuilt ``release``, see ``scripts/patches.py``)
     in place of ``sglang==<release>`` from PyPI; everything else is the same recipe.
     """
-    env = env_path(release, sglang_wheel)
+    env = env_path(release, patched=sglang_wheel is not None)
     torch, transformers = PINS[release]
     with locked(env.with_name(env.name + ".lock")):
         if (env / ".complete").exists():
             log(f"{release}: cached env {env}")
+            if sglang_wheel is not None:
+                install_sglang_wheel(env, sglang_wheel)
             return env
         started = time.monotonic()
         shutil.rmtree(env, ignore_errors=True)
@@ -299,6 +325,10 @@ def build_env(release: str, sglang_wheel: Path | None = None) -> Path:
         # otherwise pay for compiling it inside a test's deadline.
         run([python, "-m", "compileall", "-q", "-j", "0", _site_packages(env) / "sglang"])
         check_imports(python)
+        if sglang_wheel is not None:
+            (env / ".sglang-wheel").write_text(
+                hashlib.sha256(sglang_wheel.read_bytes()).hexdigest()
+            )
         (env / ".complete").write_text(json.dumps({"release": release, "torch": torch}))
         log(f"{release}: built {env} in {time.monotonic() - started:.0f} s")
     return env
