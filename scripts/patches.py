@@ -7,8 +7,8 @@ released wheel (fetched once by ``sglang_wheel``), laid out as ``python/sglang/.
 scratch git repository cached under ``$SGLANG_OVERLAY_CACHE/patched/``::
 
     base-<release>/            git repo, one commit: the wheel's sglang/ tree under python/
-    sglang-<release>-<tree>/   the series applied (keyed by the resulting git tree id):
-        repo/                  scratch clone with the series applied
+    apply-<release>/           scratch clone with the series applied (redone on every run)
+    sglang-<release>-r<n>-<tree>/   the rebuilt wheel, keyed by the applied python/ tree id:
         sglang-<release>+sidecaroverlay.<n>-<tags>.whl
 
 Each patch is first checked with ``git apply --check --verbose`` (an offset, fuzz or reject
@@ -154,7 +154,7 @@ def scratch_clone(release: str, target: Path) -> Path:
 
 
 def apply_series(repo: Path, patches: list[Path]) -> str:
-    """Apply each patch exactly (no offset, fuzz or reject); return the resulting tree id."""
+    """Apply each patch exactly (no offset, fuzz or reject); return the id of python/."""
     for patch in patches:
         out = git(repo, "apply", "--check", "--verbose", patch.resolve(), capture=True)
         err = ""
@@ -165,7 +165,8 @@ def apply_series(repo: Path, patches: list[Path]) -> str:
             raise SystemExit(f"{patch.name} does not apply exactly:\n{err}")
         git(repo, "am", "-q", patch.resolve())
         log(f"applied {patch.name}")
-    return git(repo, "rev-parse", "HEAD^{tree}", capture=True).strip()
+    # The wheel holds python/ only: a change to a test alone keeps the same wheel.
+    return git(repo, "rev-parse", "HEAD:python", capture=True).strip()
 
 
 # --- repack ----------------------------------------------------------------------------------
@@ -255,7 +256,7 @@ def build_patched_wheel(release: str = RELEASE) -> Path:
     with sglang_envs.locked(work.with_name(work.name + ".lock")):
         repo = scratch_clone(release, work)
         tree = apply_series(repo, patches)
-        log(f"{len(patches)} patches applied exactly; tree {tree[:12]}")
+        log(f"{len(patches)} patches applied exactly; python/ tree {tree[:12]}")
         out_dir = cache_root() / "patched" / f"sglang-{release}-r{revision(release)}-{tree[:12]}"
         wheels = sorted(out_dir.glob("*.whl"))
         if (out_dir / ".complete").exists() and len(wheels) == 1:
