@@ -49,7 +49,7 @@ test-unit:
 test-registered:
 	$(PY) scripts/sglang_envs.py test --releases $(SGLANG_RELEASES) --wheel-dir $(WHEEL_DIR)
 
-test: rust-check install python-lint test-unit test-registered
+test: rust-check install python-lint test-unit patches-check test-registered
 
 # The upstream patch series (patches/): apply it to the released SGLang tree with git am,
 # repack and install the rebuilt wheel into a cached env (scripts/patches.py).

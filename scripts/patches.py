@@ -315,7 +315,8 @@ def series_tests(release: str) -> int:
 
 def upstream_tests(release: str, tests_dir: Path, pytest_args: list[str]) -> int:
     """Upstream's existing tests for the touched files, from a local copy of ``test/``."""
-    missing = [t for t in UPSTREAM_TESTS if not (tests_dir / t.split("::")[0]).is_file()]
+    files = [test.split("::")[0] for test in UPSTREAM_TESTS]
+    missing = [name for name in files if not (tests_dir / name).is_file()]
     if missing:
         log(
             f"upstream's tests are not in {tests_dir}: {', '.join(missing)}. Copy "
