@@ -21,6 +21,7 @@ like the stock envs (the torch wheels shared through the uv cache).
     scripts/patches.py check                    apply, repack, install (make patches-check)
     scripts/patches.py wheel --out dist-patched apply, repack, copy the wheel to --out
     scripts/patches.py base DIR                 a scratch repo at DIR for editing the series
+    scripts/patches.py pr-descriptions          README's PR texts from the commit messages
     scripts/patches.py series-tests             the series' own test/registered files, rebuilt wheel
     scripts/patches.py upstream-tests --tests-dir DIR
                                                 upstream's existing tests for the touched files
@@ -31,6 +32,7 @@ from __future__ import annotations
 import argparse
 import base64
 import csv
+import email
 import hashlib
 import io
 import os
@@ -329,6 +331,31 @@ def upstream_tests(release: str, tests_dir: Path, pytest_args: list[str]) -> int
     return subprocess.run(cmd, cwd=tests_dir).returncode
 
 
+PR_SECTION = "## PR descriptions (ready to paste)"
+
+
+def pr_descriptions(release: str) -> int:
+    """Rewrite the README's last section from the series' commit messages."""
+    readme = ROOT / "patches" / "README.md"
+    text = readme.read_text()
+    head = text.split(PR_SECTION, 1)[0].rstrip("\n")
+    out = [
+        head,
+        "",
+        PR_SECTION,
+        "",
+        "Each is the patch's commit message; its title is the PR title.",
+        "",
+    ]
+    for patch in series(release):
+        message = email.message_from_string(patch.read_text())
+        subject = " ".join(str(message["Subject"]).split()).split("] ", 1)[-1]
+        body = str(message.get_payload()).split("\n---\n", 1)[0].strip()
+        out += [f"### {patch.name[:4]}: {subject}", "", "```text", body, "```", ""]
+    readme.write_text("\n".join(out))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--release", default=RELEASE, choices=[RELEASE])
@@ -338,6 +365,7 @@ def main(argv: list[str] | None = None) -> int:
     wheel.add_argument("--out", type=Path, default=ROOT / "dist-patched")
     base = commands.add_parser("base", help="a scratch repo with the base tree, for editing")
     base.add_argument("dir", type=Path)
+    commands.add_parser("pr-descriptions", help="refresh README's PR descriptions from the series")
     commands.add_parser("series-tests", help="the series' own tests against the rebuilt wheel")
     upstream = commands.add_parser("upstream-tests", help="upstream's tests of touched files")
     upstream.add_argument("--tests-dir", type=Path, default=cache_root() / "upstream-sglang")
@@ -358,6 +386,8 @@ def main(argv: list[str] | None = None) -> int:
         scratch_clone(args.release, args.dir)
         print(args.dir)
         return 0
+    if args.command == "pr-descriptions":
+        return pr_descriptions(args.release)
     if args.command == "series-tests":
         return series_tests(args.release)
     return upstream_tests(args.release, args.tests_dir.resolve(), args.pytest_args)
