@@ -19,7 +19,13 @@ never test stale code.
 
     scripts/sglang_envs.py build --releases 0.5.21,0.5.23
     scripts/sglang_envs.py test  --releases all --wheel-dir dist [-- extra pytest args]
+    scripts/sglang_envs.py test  --patched --releases 0.5.23 --wheel-dir dist [-- ...]
     scripts/sglang_envs.py path  0.5.23
+
+``--patched`` runs the same files in ``envs/sglang-0.5.23-patched-<key>/``, which holds the
+rebuilt wheel of ``scripts/patches.py`` instead of PyPI's (reinstalled when it changes), with
+the nodes' ``SGLANG_PLUGINS`` excluding the overlay; it first prints the proof that the plugin
+is not loaded there.
 """
 
 from __future__ import annotations
