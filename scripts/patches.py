@@ -158,13 +158,23 @@ def scratch_clone(release: str, target: Path) -> Path:
 def apply_series(repo: Path, patches: list[Path]) -> str:
     """Apply each patch exactly (no offset, fuzz or reject); return the id of python/."""
     for patch in patches:
-        out = git(repo, "apply", "--check", "--verbose", patch.resolve(), capture=True)
-        err = ""
-        lowered = out.lower()
-        if "offset" in lowered or "fuzz" in lowered or "reject" in lowered:
-            err = out
-        if err:
-            raise SystemExit(f"{patch.name} does not apply exactly:\n{err}")
+        # git apply reports offsets ("Hunk #1 succeeded at 3585 (offset 1 line)") on stderr.
+        check = subprocess.run(
+            ["git", "-C", str(repo), "apply", "--check", "--verbose", str(patch.resolve())],
+            env={**os.environ, **GIT_ENV},
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        report = check.stdout + check.stderr
+        inexact = [
+            line
+            for line in report.splitlines()
+            if not line.startswith("Checking patch ")
+            and any(word in line.lower() for word in ("offset", "fuzz", "reject", "error"))
+        ]
+        if check.returncode != 0 or inexact:
+            raise SystemExit(f"{patch.name} does not apply exactly:\n" + "\n".join(inexact))
         git(repo, "am", "-q", patch.resolve())
         log(f"applied {patch.name}")
     # The wheel holds python/ only: a change to a test alone keeps the same wheel.
