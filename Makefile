@@ -11,7 +11,8 @@ WHEEL_DIR := dist
 SGLANG_RELEASES ?= ci
 
 .PHONY: venv build-dev wheel install lint rust-check python-lint test test-unit test-registered \
-	benchmark-smoke selftest benchmark hostile wheel-portable sdist-check clean
+	benchmark-smoke selftest benchmark hostile wheel-portable sdist-check patches-check \
+	patched-wheel test-patched clean
 
 venv: $(PY)
 $(PY):
@@ -49,12 +50,25 @@ test-unit:
 test-registered:
 	$(PY) scripts/sglang_envs.py test --releases $(SGLANG_RELEASES) --wheel-dir $(WHEEL_DIR)
 
-test: rust-check install python-lint test-unit test-registered benchmark-smoke
+test: rust-check install python-lint test-unit patches-check test-registered benchmark-smoke
 
 # Every benchmark row once with tiny durations, nothing written: keeps `make benchmark` from
 # rotting (runs after test-registered, whose cached SGLang envs rows 4 and 5 use).
 benchmark-smoke: install
 	$(PY) scripts/bench.py --smoke
+
+# The upstream patch series (patches/): apply it to the released SGLang tree with git am,
+# repack and install the rebuilt wheel into a cached env (scripts/patches.py).
+patches-check:
+	$(PYTHON) scripts/patches.py check
+
+# The rebuilt SGLang wheel, for `pip install dist-patched/sglang-*.whl`.
+patched-wheel:
+	$(PYTHON) scripts/patches.py wheel --out dist-patched
+
+# The scenarios of test-registered/ against the rebuilt wheel, the plugin not loaded.
+test-patched:
+	$(PY) scripts/sglang_envs.py test --patched --releases 0.5.23 --wheel-dir $(WHEEL_DIR)
 
 selftest: install
 	$(VENV)/bin/sglang-sidecar-overlay selftest
@@ -89,4 +103,4 @@ sdist-check: venv
 	$(SDIST_VENV)/bin/sglang-sidecar-overlay selftest
 
 clean:
-	rm -rf $(WHEEL_DIR) $(PORTABLE_DIR) $(SDIST_DIR) $(SDIST_VENV) target $(VENV)
+	rm -rf $(WHEEL_DIR) dist-patched $(PORTABLE_DIR) $(SDIST_DIR) $(SDIST_VENV) target $(VENV)

@@ -72,24 +72,10 @@ def upstream_grpc_extension() -> Path:
     found = sorted(target.glob("_grpc*.so"))
     if found:
         return found[0]
-    wheels = sorted(cache.glob(f"sglang-{UPSTREAM_RELEASE}-*.whl"))
-    if not wheels:
-        subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "pip",
-                "download",
-                "--no-deps",
-                "--quiet",
-                f"sglang=={UPSTREAM_RELEASE}",
-                "-d",
-                str(cache),
-            ],
-            check=True,
-        )
-        wheels = sorted(cache.glob(f"sglang-{UPSTREAM_RELEASE}-*.whl"))
-    with zipfile.ZipFile(wheels[0]) as wheel:
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from sglang_wheel import sglang_wheel
+
+    with zipfile.ZipFile(sglang_wheel(UPSTREAM_RELEASE)) as wheel:
         member = next(
             n for n in wheel.namelist() if n.startswith("sglang/srt/rust_extensions/_grpc")
         )

@@ -19,7 +19,13 @@ never test stale code.
 
     scripts/sglang_envs.py build --releases 0.5.21,0.5.23
     scripts/sglang_envs.py test  --releases all --wheel-dir dist [-- extra pytest args]
+    scripts/sglang_envs.py test  --patched --releases 0.5.23 --wheel-dir dist [-- ...]
     scripts/sglang_envs.py path  0.5.23
+
+``--patched`` runs the same files in ``envs/sglang-0.5.23-patched-<key>/``, which holds the
+rebuilt wheel of ``scripts/patches.py`` instead of PyPI's (reinstalled when it changes), with
+the nodes' ``SGLANG_PLUGINS`` excluding the overlay; it first prints the proof that the plugin
+is not loaded there.
 """
 
 from __future__ import annotations
@@ -195,9 +201,9 @@ def uv_env() -> dict[str, str]:
     return env
 
 
-def env_key(release: str, python: str) -> str:
+def env_key(release: str, python: str, patched: bool = False) -> str:
     torch, transformers = PINS[release]
-    recipe = {
+    recipe: dict[str, object] = {
         "recipe": RECIPE_VERSION,
         "release": release,
         "python": python,
@@ -208,6 +214,8 @@ def env_key(release: str, python: str) -> str:
         "undeclared": UNDECLARED_DEPS,
         "test": TEST_DEPS,
     }
+    if patched:
+        recipe["sglang"] = "rebuilt wheel, reinstalled when it changes"
     return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:12]
 
 
@@ -215,8 +223,35 @@ def python_version() -> str:
     return f"{sys.version_info.major}.{sys.version_info.minor}"
 
 
-def env_path(release: str) -> Path:
-    return cache_dir() / "envs" / f"sglang-{release}-{env_key(release, python_version())}"
+def env_path(release: str, patched: bool = False) -> Path:
+    """The env of ``release``; ``patched``: the env that holds a rebuilt ``release`` wheel."""
+    key = env_key(release, python_version(), patched)
+    return cache_dir() / "envs" / f"sglang-{release}-{'patched-' if patched else ''}{key}"
+
+
+def install_sglang_wheel(env: Path, sglang_wheel: Path) -> None:
+    """(Re)install a rebuilt sglang wheel into a patched env, unless it is already there."""
+    marker = env / ".sglang-wheel"
+    digest = hashlib.sha256(sglang_wheel.read_bytes()).hexdigest()
+    if marker.exists() and marker.read_text() == digest:
+        return
+    marker.unlink(missing_ok=True)
+    run(
+        [
+            uv_binary(),
+            "pip",
+            "install",
+            "-q",
+            "--python",
+            env / "bin" / "python",
+            "--no-deps",
+            "--reinstall",
+            "--compile-bytecode",
+            sglang_wheel,
+        ],
+        env=uv_env(),
+    )
+    marker.write_text(digest)
 
 
 def _requirement_name(requirement: str) -> str:
@@ -249,13 +284,19 @@ def pinned_requirements(env: Path) -> list[str]:
     return [chosen[name] for name in IMPORT_TIME_DEPS]
 
 
-def build_env(release: str) -> Path:
-    """The cached env for ``release``, built when missing. Returns its directory."""
-    env = env_path(release)
+def build_env(release: str, sglang_wheel: Path | None = None) -> Path:
+    """The cached env for ``release``, built when missing. Returns its directory.
+
+    ``sglang_wheel`` installs that wheel (a rebuilt ``release``, see ``scripts/patches.py``)
+    in place of ``sglang==<release>`` from PyPI; everything else is the same recipe.
+    """
+    env = env_path(release, patched=sglang_wheel is not None)
     torch, transformers = PINS[release]
     with locked(env.with_name(env.name + ".lock")):
         if (env / ".complete").exists():
             log(f"{release}: cached env {env}")
+            if sglang_wheel is not None:
+                install_sglang_wheel(env, sglang_wheel)
             return env
         started = time.monotonic()
         shutil.rmtree(env, ignore_errors=True)
@@ -263,10 +304,8 @@ def build_env(release: str) -> Path:
         uvenv = uv_env()
         run([uv, "venv", "-q", "--python", sys.executable, env], env=uvenv)
         python = env / "bin" / "python"
-        run(
-            [uv, "pip", "install", "-q", "--python", python, "--no-deps", f"sglang=={release}"],
-            env=uvenv,
-        )
+        sglang = str(sglang_wheel) if sglang_wheel is not None else f"sglang=={release}"
+        run([uv, "pip", "install", "-q", "--python", python, "--no-deps", sglang], env=uvenv)
         requirements = pinned_requirements(env)
         # torch/transformers constrained explicitly, so a loose line elsewhere cannot move them.
         constraints = env / "constraints.txt"
@@ -292,6 +331,10 @@ def build_env(release: str) -> Path:
         # otherwise pay for compiling it inside a test's deadline.
         run([python, "-m", "compileall", "-q", "-j", "0", _site_packages(env) / "sglang"])
         check_imports(python)
+        if sglang_wheel is not None:
+            (env / ".sglang-wheel").write_text(
+                hashlib.sha256(sglang_wheel.read_bytes()).hexdigest()
+            )
         (env / ".complete").write_text(json.dumps({"release": release, "torch": torch}))
         log(f"{release}: built {env} in {time.monotonic() - started:.0f} s")
     return env
@@ -350,7 +393,44 @@ def install_consumer(env: Path) -> None:
     install_dynamo(env / "bin" / "python")
 
 
-def run_tests(env: Path, release: str, pytest_args: Sequence[str]) -> int:
+# What the nodes' SGLANG_PLUGINS is set to in a --patched run: an allow-list naming no
+# installed plugin, so SGLang skips sidecar_overlay (test-registered's harness reads it).
+NO_PLUGIN = "none"
+PLUGINS_ENV = "SGLANG_OVERLAY_TEST_PLUGINS"
+PLUGIN_PROOF = (
+    "import logging, sys; logging.basicConfig(level=logging.INFO, stream=sys.stdout); "
+    "from sglang.srt.plugins import load_plugins; load_plugins(); "
+    "from sglang_sidecar_overlay import plugin; "
+    "print('overlay adapter:', plugin.installed_adapter())"
+)
+
+
+def prove_plugin_absent(env: Path) -> None:
+    """Show, in the env and with the nodes' SGLANG_PLUGINS, that the plugin is not loaded."""
+    environ = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
+    environ["SGLANG_PLUGINS"] = NO_PLUGIN
+    python = env / "bin" / "python"
+    out = subprocess.run(
+        [python, "-W", "ignore", "-c", PLUGIN_PROOF],
+        env=environ, cwd=env, capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    status = subprocess.run(
+        [env / "bin" / "sglang-sidecar-overlay", "status"],
+        env=environ, cwd=env, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    lines = [line for line in out.splitlines() if "sidecar_overlay" in line or "overlay" in line]
+    for line in lines + status.stdout.splitlines():
+        log(f"patched: {line}")
+    if "overlay adapter: None" not in out or "sglang-sidecar-overlay: SGLang" in out:
+        raise SystemExit("the overlay plugin loaded in the patched env")
+    if status.returncode == 0:
+        raise SystemExit("sglang-sidecar-overlay status says active in the patched env")
+    log("patched: plugin not loaded (status exit code 1: inactive)")
+
+
+def run_tests(
+    env: Path, release: str, pytest_args: Sequence[str], extra_env: dict[str, str] | None = None
+) -> int:
     # Paths given after "--" replace the default of the whole tree.
     targets = (
         [] if any(not arg.startswith("-") for arg in pytest_args) else [ROOT / "test-registered"]
@@ -371,6 +451,7 @@ def run_tests(env: Path, release: str, pytest_args: Sequence[str]) -> int:
     environ.pop("VIRTUAL_ENV", None)
     # The project is tested as installed: the source tree must not shadow the wheel.
     environ.pop("PYTHONPATH", None)
+    environ.update(extra_env or {})
     return subprocess.run([str(part) for part in cmd], env=environ, cwd=ROOT).returncode
 
 
@@ -386,6 +467,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         if name == "test":
             sub.add_argument("--wheel-dir", type=Path, default=ROOT / "dist")
+            sub.add_argument(
+                "--patched",
+                action="store_true",
+                help="run in the env of the rebuilt wheel from patches/ (scripts/patches.py), "
+                "with the overlay plugin not loaded",
+            )
             sub.add_argument("pytest_args", nargs="*", help="after --: passed to pytest")
     path = commands.add_parser("path")
     path.add_argument("release", choices=list(PINS))
@@ -397,6 +484,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     releases = parse_releases(args.releases)
     wheel = find_wheel(args.wheel_dir) if args.command == "test" else None
+    if args.command == "test" and args.patched:
+        return test_patched(releases, wheel, args.pytest_args)
     timings = {}
     for release in releases:
         started = time.monotonic()
@@ -419,6 +508,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     log(f"test-registered passed on {', '.join(releases)}")
     return 0
+
+
+def test_patched(releases: list[str], wheel: Path, pytest_args: Sequence[str]) -> int:
+    """The same test-registered files against the rebuilt wheel, the plugin not loaded."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import patches
+
+    if releases != [patches.RELEASE]:
+        raise SystemExit(f"--patched runs on {patches.RELEASE} only (the series' base)")
+    _, env = patches.patched_env(patches.RELEASE)
+    install_project(env, wheel)
+    install_consumer(env)
+    prove_plugin_absent(env)
+    code = run_tests(env, f"{patches.RELEASE} (patched)", pytest_args, {PLUGINS_ENV: NO_PLUGIN})
+    log(f"test-registered {'passed' if code == 0 else 'failed'} on the rebuilt wheel")
+    return code
 
 
 if __name__ == "__main__":

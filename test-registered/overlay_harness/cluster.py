@@ -161,8 +161,9 @@ class Node:
         env = dict(os.environ)
         env[TAG_ENV] = self.tag
         env["PYTHONPATH"] = str(HARNESS_ROOT)
-        # SGLang's own allow-list: only this plugin runs in the nodes.
-        env["SGLANG_PLUGINS"] = "sidecar_overlay"
+        # SGLang's own allow-list: only this plugin runs in the nodes (none of them against
+        # the rebuilt wheel: ``sglang_envs.py test --patched`` sets the override).
+        env["SGLANG_PLUGINS"] = os.environ.get("SGLANG_OVERLAY_TEST_PLUGINS", "sidecar_overlay")
         self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", self.module, *args],

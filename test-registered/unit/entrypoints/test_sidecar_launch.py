@@ -52,6 +52,9 @@ DYNAMO = "dynamo.sglang.sidecar"
 WAITING_FOR_LEADER = "Waiting for SGLang leader for local KV publishing"
 TRANSPORT_ARGS = ["--discovery-backend", "file", "--request-plane", "tcp", "--event-plane", "zmq"]
 LEGACY_ENV = "SGLANG_SIDECAR_OVERLAY_LEGACY_DP_SIZE"
+# The same switch in the upstream patch series (patches/), set alongside so the scenarios run
+# unchanged against the rebuilt wheel.
+UPSTREAM_LEGACY_ENV = "SGLANG_SERVER_INFO_LEGACY_DP_SIZE"
 EVENT_DEADLINE = 120.0
 CONSUMER_DEADLINE = 180.0
 STOP_DEADLINE = 90.0
@@ -213,7 +216,7 @@ class TestSidecarLaunch(CustomTestCase):
             DYN_SDK_DISABLE_ANSI_LOGGING="1",
             NO_COLOR="1",
         )
-        env[LEGACY_ENV] = "1" if legacy else "0"
+        env[LEGACY_ENV] = env[UPSTREAM_LEGACY_ENV] = "1" if legacy else "0"
         with (
             mock.patch.dict(os.environ, env, clear=True),
             tempfile.TemporaryDirectory(prefix="overlay-nodes-") as log_dir,
@@ -283,7 +286,7 @@ class TestSidecarLaunch(CustomTestCase):
         """
         group = EngineGroup(self.model, 2, ["--tp", "2", "--dp", "2", "--enable-dp-attention"])
         with (
-            mock.patch.dict(os.environ, {LEGACY_ENV: "0"}),
+            mock.patch.dict(os.environ, {LEGACY_ENV: "0", UPSTREAM_LEGACY_ENV: "0"}),
             cluster.nodes(group.for_node(0), group.for_node(1)) as started,
         ):
             for node in started:
