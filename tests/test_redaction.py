@@ -347,3 +347,14 @@ def test_launch_command_with_random_noise_hides_a_flag_value(words: list[str], c
     result = redact_launch_command(command)
     assert canary not in result
     assert redact_launch_command(result) == result
+
+
+def test_json_argument_of_a_launch_command_joined_without_quotes():
+    # What a launcher that joins argv with spaces records: the JSON's words split apart.
+    command = (
+        "python -m sglang.launch_server --hicache-storage-backend-extra-config "
+        '{"access_key": "AKIA-CANARY", "auth": {"token": "TOKEN-CANARY"}} --tp 2'
+    )
+    redacted = redact_launch_command(command)
+    assert "AKIA-CANARY" not in redacted and "TOKEN-CANARY" not in redacted
+    assert "--tp 2" in redacted

@@ -65,7 +65,7 @@ _QUERY_PARAM = re.compile(r"([?&])([^=&#\s?\"'<>]+)=([^&#\s\"']*)")
 # "name": value / 'name': value / name=value pairs in text that does not parse as a whole.
 _KEY_VALUE = re.compile(
     r"""(?P<q>["']?)(?P<name>[A-Za-z0-9_.-]+)(?P=q)(?P<sep>\s*[:=]\s*)"""
-    r"""(?P<value>"(?:[^"\\]|\\.)*"?|'(?:[^'\\]|\\.)*'?|[^\s,;&}\]]+)"""
+    r"""(?P<value>"(?:[^"\\]|\\.)*"?|'(?:[^'\\]|\\.)*'?|[^\s,;&}\]"']+)"""
 )
 # Text longer than this is not parsed as a structure (the pair fallback still applies).
 _MAX_STRUCTURED_CHARS = 1 << 20
@@ -160,13 +160,16 @@ def redact_launch_command(command: str) -> str:
     Also hides ``NAME=value`` environment assignments, secrets inside JSON-valued arguments and
     URL credentials. Returns the input unchanged when nothing needed hiding.
     """
+    # Pairs first, on the whole line: a launcher that joined argv without quoting leaves a JSON
+    # argument in pieces ('{"secret_key":' 'value,'), which no single word reveals.
+    paired = _redact_pairs(command)
     try:
-        words = shlex.split(command)
+        words = shlex.split(paired)
     except ValueError:
         # Unbalanced quotes: fall back to whitespace so a secret is still found.
-        words = [word for word in re.split(r"[ \t\r\n]+", command) if word]
+        words = [word for word in re.split(r"[ \t\r\n]+", paired) if word]
     redacted = _redact_words(words)
-    if redacted == words:
+    if paired == command and redacted == words:
         return command
     return shlex.join(redacted)
 
