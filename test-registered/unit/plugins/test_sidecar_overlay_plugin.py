@@ -14,7 +14,7 @@ from sglang.srt.plugins import GENERAL_PLUGINS_GROUP, load_plugins_by_group
 from sglang.srt.plugins.hook_registry import HookRegistry
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.test_utils import CustomTestCase
-from sglang_sidecar_overlay import plugin, versions
+from sglang_sidecar_overlay import plugin, releases
 
 register_cpu_ci(est_time=30, suite="base-a-test-cpu")
 
@@ -60,7 +60,7 @@ class TestSidecarOverlayPlugin(CustomTestCase):
     def test_load_registers_the_installed_release_adapter_once(self):
         plugin.load()
         plugin.load()
-        expected = versions.adapter_for(versions.installed_sglang_version())
+        expected = releases.adapter_for(releases.installed_sglang_version())
         self.assertEqual(plugin.installed_adapter(), expected)
         targets = self._our_targets()
         self.assertTrue(targets)
@@ -69,13 +69,13 @@ class TestSidecarOverlayPlugin(CustomTestCase):
 
     def test_unsupported_version_warns_once_and_installs_nothing(self):
         with (
-            mock.patch.object(versions, "installed_sglang_version", return_value="0.5.18"),
+            mock.patch.object(releases, "installed_sglang_version", return_value="0.5.18"),
             self.assertLogs("sglang_sidecar_overlay.plugin", logging.WARNING) as logs,
         ):
             plugin.load()
             plugin.load()
         self.assertEqual(len(logs.records), 1)
-        self.assertIn(versions.SUPPORTED_RANGE, logs.output[0])
+        self.assertIn(releases.SUPPORTED_RANGE, logs.output[0])
         self.assertIn("0.5.18", logs.output[0])
         self.assertIsNone(plugin.installed_adapter())
         self.assertEqual(self._our_targets(), {})
