@@ -2,30 +2,29 @@
 //! refused or dropped, and a well-behaved client is answered afterwards.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use bytes::{Buf, BufMut, Bytes};
+use bytes::Bytes;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
+use tokio_stream::StreamExt as _;
 use tonic::Code;
-use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 use tonic::codegen::http::uri::PathAndQuery;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Endpoint;
 use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_client::HealthClient;
 
+use _native::GET_SERVER_INFO_PATH;
 use _native::incoming::HTTP2_PREFACE;
 use _native::limits::Limits;
 use _native::proto::GetServerInfoRequest;
 use _native::proto::sglang_service_client::SglangServiceClient;
 use _native::server::{MetadataServer, ServerOptions};
 
-const GET_SERVER_INFO: &str = "/sglang.runtime.v1.SglangService/GetServerInfo";
+mod common;
+use common::*;
+
 const SNAPSHOT: &str = r#"{"node_rank": 1}"#;
-/// Every wait in these tests ends by this deadline; the machine may be busy.
-const DEADLINE: Duration = Duration::from_secs(20);
 
 fn start_with(limits: Limits) -> MetadataServer {
     let addr: SocketAddr = "127.0.0.1:0".parse().unwrap();
@@ -36,15 +35,6 @@ fn start_with(limits: Limits) -> MetadataServer {
     MetadataServer::start(addr, SNAPSHOT.to_owned(), &options).unwrap()
 }
 
-async fn channel(server: &MetadataServer) -> Channel {
-    Endpoint::from_shared(format!("http://{}", server.local_addr()))
-        .unwrap()
-        .connect_timeout(Duration::from_secs(5))
-        .connect()
-        .await
-        .unwrap()
-}
-
 async fn assert_answers(server: &MetadataServer) {
     let mut client = SglangServiceClient::new(channel(server).await);
     let reply = tokio::time::timeout(DEADLINE, client.get_server_info(GetServerInfoRequest {}))
@@ -53,81 +43,6 @@ async fn assert_answers(server: &MetadataServer) {
         .expect("a well-behaved call succeeds");
     assert_eq!(reply.into_inner().json_info, SNAPSHOT);
 }
-
-async fn shutdown(server: MetadataServer) {
-    tokio::task::spawn_blocking(move || server.shutdown())
-        .await
-        .unwrap();
-}
-
-/// Sends raw, already-framed gRPC messages and ignores the reply body.
-#[derive(Debug, Clone, Copy, Default)]
-struct RawCodec;
-
-impl Codec for RawCodec {
-    type Encode = Bytes;
-    type Decode = Bytes;
-    type Encoder = Self;
-    type Decoder = Self;
-
-    fn encoder(&mut self) -> Self {
-        *self
-    }
-
-    fn decoder(&mut self) -> Self {
-        *self
-    }
-}
-
-impl Encoder for RawCodec {
-    type Item = Bytes;
-    type Error = tonic::Status;
-
-    fn encode(&mut self, item: Bytes, dst: &mut EncodeBuf<'_>) -> Result<(), tonic::Status> {
-        dst.put(item);
-        Ok(())
-    }
-}
-
-impl Decoder for RawCodec {
-    type Item = Bytes;
-    type Error = tonic::Status;
-
-    fn decode(&mut self, src: &mut DecodeBuf<'_>) -> Result<Option<Bytes>, tonic::Status> {
-        Ok(Some(src.copy_to_bytes(src.remaining())))
-    }
-}
-
-/// Streams `count` messages of `size` bytes lazily on the GetServerInfo path; returns the
-/// status and how many messages the client got to produce.
-async fn stream_body(server: &MetadataServer, size: usize, count: usize) -> (Code, usize) {
-    let produced = Arc::new(AtomicUsize::new(0));
-    let counter = produced.clone();
-    let message = Bytes::from(vec![0u8; size]);
-    let body = tokio_stream::iter(0..count).map(move |_| {
-        counter.fetch_add(1, Ordering::Relaxed);
-        message.clone()
-    });
-    let mut grpc = tonic::client::Grpc::new(channel(server).await)
-        .max_encoding_message_size(usize::MAX)
-        .max_decoding_message_size(usize::MAX);
-    grpc.ready().await.unwrap();
-    let call = grpc.client_streaming(
-        tonic::Request::new(body),
-        PathAndQuery::from_static(GET_SERVER_INFO),
-        RawCodec,
-    );
-    let code = match tokio::time::timeout(DEADLINE, call)
-        .await
-        .expect("a verdict")
-    {
-        Ok(_) => Code::Ok,
-        Err(status) => status.code(),
-    };
-    (code, produced.load(Ordering::Relaxed))
-}
-
-use tokio_stream::StreamExt as _;
 
 /// The server answers RESOURCE_EXHAUSTED and resets the rest of the request (RST_STREAM
 /// NO_ERROR). A tonic client still writing when the reset lands sometimes reports its own
@@ -410,7 +325,7 @@ async fn a_request_body_that_never_ends_is_cut_at_the_request_timeout() {
     grpc.ready().await.unwrap();
     let call = grpc.client_streaming(
         tonic::Request::new(body),
-        PathAndQuery::from_static(GET_SERVER_INFO),
+        PathAndQuery::from_static(GET_SERVER_INFO_PATH),
         RawCodec,
     );
     let status = tokio::time::timeout(DEADLINE, call)

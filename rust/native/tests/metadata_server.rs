@@ -7,10 +7,12 @@ use _native::proto::GetServerInfoRequest;
 use _native::proto::sglang_service_client::SglangServiceClient;
 use _native::server::{MetadataServer, ServerOptions, StartError};
 use tonic::Code;
-use tonic::transport::{Channel, Endpoint};
 use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
+
+mod common;
+use common::*;
 
 const UPSTREAM_RPCS: &str = include_str!("../../../tests/data/upstream_sglang_rpcs.txt");
 const SGLANG_SERVICE: &str = "sglang.runtime.v1.SglangService";
@@ -18,21 +20,6 @@ const SGLANG_SERVICE: &str = "sglang.runtime.v1.SglangService";
 fn start(snapshot: &str) -> MetadataServer {
     let addr: SocketAddr = "127.0.0.1:0".parse().unwrap();
     MetadataServer::start(addr, snapshot.to_owned(), &ServerOptions::default()).unwrap()
-}
-
-async fn channel(server: &MetadataServer) -> Channel {
-    Endpoint::from_shared(format!("http://{}", server.local_addr()))
-        .unwrap()
-        .connect_timeout(Duration::from_secs(5))
-        .connect()
-        .await
-        .unwrap()
-}
-
-async fn shutdown(server: MetadataServer) {
-    tokio::task::spawn_blocking(move || server.shutdown())
-        .await
-        .unwrap();
 }
 
 #[tokio::test]
