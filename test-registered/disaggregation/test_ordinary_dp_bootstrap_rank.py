@@ -53,6 +53,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from overlay_harness import cluster
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.test_utils import CustomTestCase
 
@@ -67,19 +68,6 @@ VARIANT_DEADLINE = 900.0
 SERVER_DEADLINE = 60.0
 CONFLICT = "follow_bootstrap_room conflict"
 SENDER_INIT = "sglang.srt.disaggregation.common.conn.CommonKVSender.__init__"
-TINY_LLAMA = {
-    "architectures": ["LlamaForCausalLM"],
-    "model_type": "llama",
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_attention_heads": 4,
-    "num_hidden_layers": 2,
-    "num_key_value_heads": 4,
-    "vocab_size": 256,
-    "max_position_embeddings": 2048,
-    "rms_norm_eps": 1e-5,
-    "torch_dtype": "float32",
-}
 
 # Rank fields per case, as CommonKVManager.__init__ derives them on every supported release:
 # (attn_tp_size, attn_tp_rank, attn_dp_size, attn_dp_rank, system_dp_size, system_dp_rank).
@@ -361,8 +349,7 @@ class TestOrdinaryDPBootstrapRank(CustomTestCase):
     @classmethod
     def setUpClass(cls):
         cls._tmp = tempfile.TemporaryDirectory(prefix="overlay-model-")
-        model = Path(cls._tmp.name)
-        (model / "config.json").write_text(json.dumps(TINY_LLAMA))
+        model = cluster.write_tiny_model(Path(cls._tmp.name))
         cls.stock = run_in_spawned_process(False, str(model))
         cls.overlay = run_in_spawned_process(True, str(model))
         for key in cls.stock:
