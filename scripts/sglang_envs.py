@@ -236,22 +236,18 @@ def install_sglang_wheel(env: Path, sglang_wheel: Path) -> None:
     if marker.exists() and marker.read_text() == digest:
         return
     marker.unlink(missing_ok=True)
-    run(
-        [
-            uv_binary(),
-            "pip",
-            "install",
-            "-q",
-            "--python",
-            env / "bin" / "python",
-            "--no-deps",
-            "--reinstall",
-            "--compile-bytecode",
-            sglang_wheel,
-        ],
-        env=uv_env(),
-    )
+    reinstall_wheel(env, sglang_wheel, "--compile-bytecode")
     marker.write_text(digest)
+
+
+def reinstall_wheel(env: Path, wheel: Path, *extra: str) -> None:
+    """``wheel`` into ``env`` over whatever version is there, its dependencies left alone."""
+    python = env / "bin" / "python"
+    run(
+        [uv_binary(), "pip", "install", "-q", "--python", python, "--no-deps", "--reinstall",
+         *extra, wheel],
+        env=uv_env(),
+    )  # fmt: skip
 
 
 def _requirement_name(requirement: str) -> str:
@@ -364,21 +360,7 @@ def find_wheel(wheel_dir: Path) -> Path:
 
 
 def install_project(env: Path, wheel: Path) -> None:
-    uv = uv_binary()
-    run(
-        [
-            uv,
-            "pip",
-            "install",
-            "-q",
-            "--python",
-            env / "bin" / "python",
-            "--no-deps",
-            "--reinstall",
-            wheel,
-        ],
-        env=uv_env(),
-    )
+    reinstall_wheel(env, wheel)
 
 
 def install_consumer(env: Path) -> None:
