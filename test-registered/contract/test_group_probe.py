@@ -50,8 +50,7 @@ class TestGroupProbe(CustomTestCase):
         follower = f"127.0.0.1:{group.grpc_ports[1]}"
         with cluster.nodes(*(group.for_node(r) for r in range(2))) as started:
             for node in started:
-                event = node.ready()
-                self.assertEqual(event["event"], "ready", f"{event}\n{node.log_tail()}")
+                node.expect_ready()
 
             code, report, text = probe_group(follower, leader)
             self.assertEqual(code, 0, text)

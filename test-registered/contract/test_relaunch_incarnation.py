@@ -37,8 +37,7 @@ class TestRelaunchIncarnation(CustomTestCase):
         """Launch the node, read its server info, stop it; (info, launch began, ready at)."""
         began = time.time()
         with cluster.nodes(group.for_node(0)) as (node,):
-            event = node.ready()
-            self.assertEqual(event["event"], "ready", f"{event}\n{node.log_tail()}")
+            node.expect_ready()
             ready_at = time.time()
             info = cluster.get_server_info(group.grpc_ports[0])
             # Asked again during the same launch: the same incarnation.

@@ -43,7 +43,6 @@ import inspect
 import json
 import logging
 import multiprocessing
-import socket
 import tempfile
 import threading
 import time
@@ -73,12 +72,6 @@ SENDER_INIT = "sglang.srt.disaggregation.common.conn.CommonKVSender.__init__"
 # (attn_tp_size, attn_tp_rank, attn_dp_size, attn_dp_rank, system_dp_size, system_dp_rank).
 ORDINARY_DP_RANKS = [(1, 0, 1, 0, DP, replica) for replica in range(DP)]
 ATTENTION_DP_RANKS = [(1, 0, DP, rank, 1, 0) for rank in range(DP)]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 # --- everything below runs in the spawned variant process --------------------------------------
@@ -113,7 +106,7 @@ def _standin_manager_class() -> type:
             self.system_dp_size, self.system_dp_rank = sys_size, sys_rank
             self.pp_size, self.pp_rank = 1, 0
             self.local_ip = "127.0.0.1"
-            self.rank_port = free_port()
+            self.rank_port = cluster.free_port()
             self.is_dummy_cp_rank = False
             self.deferred_bootstrap = None
             self.request_status = {}
@@ -196,17 +189,17 @@ def _run_case(model_dir: str, method: str, rank_fields: list[tuple], server_args
     )
     from sglang.srt.disaggregation.decode import DecodePreallocQueue
 
-    port = free_port()
+    port = cluster.free_port()
     dist_init_addr = None
     if "--nnodes" in server_args:
-        dist_init_addr = f"127.0.0.1:{free_port()}"
+        dist_init_addr = f"127.0.0.1:{cluster.free_port()}"
         server_args = [*server_args, "--dist-init-addr", dist_init_addr]
     _publish(
         model_dir,
         [
             *server_args,
             *("--load-balance-method", method, "--disaggregation-bootstrap-port", str(port)),
-            *("--host", "127.0.0.1", "--port", str(free_port())),
+            *("--host", "127.0.0.1", "--port", str(cluster.free_port())),
         ],
     )
     server = CommonKVBootstrapServer("127.0.0.1", port)

@@ -170,7 +170,7 @@ class TestLaunchFaults(CustomTestCase):
         )
         with cluster.nodes(group.for_node(0), follower_args) as (leader, follower):
             for node in (leader, follower):
-                self.assertEqual(node.ready()["event"], "ready", node.log_tail())
+                node.expect_ready()
             path = cluster.wait_for(
                 lambda: sorted(dump.parent.glob(f"{dump.name}.*[0-9].json")),
                 240,
@@ -204,7 +204,7 @@ class TestLaunchFaults(CustomTestCase):
         dump = self.workdir / "leader-sidecar"
         args = group.for_node(0, DUMP_PROVIDER, ["--dump", str(dump)])
         with self.node(HttpLeader, args, "leader") as leader:
-            self.assertEqual(leader.ready()["event"], "ready", leader.log_tail())
+            leader.expect_ready()
             path = cluster.wait_for(
                 lambda: sorted(dump.parent.glob(f"{dump.name}.*[0-9].json")),
                 240,

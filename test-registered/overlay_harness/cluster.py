@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import selectors
 import signal
 import socket
@@ -52,17 +53,32 @@ def write_tiny_model(directory: Path) -> Path:
     return directory
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+def _ports_below_ephemeral() -> range:
+    """Ports the kernel never hands out to outgoing connections.
+
+    A port picked from the ephemeral range can be taken by any client socket (a gRPC probe,
+    a ZMQ connect) between the check here and the node's bind; below it, only another
+    explicit bind can.
+    """
+    with contextlib.suppress(OSError, ValueError):
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+        if low > 12000:
+            return range(10000, low)
+    return range(10000, 30000)
+
+
+# Its own generator: SGLang seeds the global one. Ports handed out stay taken for this process,
+# so two picks can never return the same port before either is bound.
+_port_random = random.SystemRandom()
+_handed_out: set[int] = set()
 
 
 def free_port_range(width: int) -> int:
-    """A base port whose next ``width`` ports are free right now."""
+    """A base port whose next ``width`` ports are free right now, below the ephemeral range."""
+    ports = _ports_below_ephemeral()
     for _ in range(200):
-        base = free_port()
-        if base + width > 65535:
+        base = _port_random.randrange(ports.start, ports.stop - width)
+        if _handed_out.intersection(range(base, base + width)):
             continue
         socks = []
         try:
@@ -70,13 +86,18 @@ def free_port_range(width: int) -> int:
                 sock = socket.socket()
                 socks.append(sock)
                 sock.bind(("127.0.0.1", base + offset))
+            _handed_out.update(range(base, base + width))
             return base
         except OSError:
             continue
         finally:
             for sock in socks:
                 sock.close()
-    raise RuntimeError(f"no {width} consecutive free ports")
+    raise RuntimeError(f"no {width} consecutive free ports in {ports}")
+
+
+def free_port() -> int:
+    return free_port_range(1)
 
 
 class EngineGroup:
@@ -86,7 +107,9 @@ class EngineGroup:
         self.model = model
         self.nnodes = nnodes
         self.parallel = parallel
-        self.dist_port = free_port()
+        # With attention DP, SGLang derives its TCP IPC ports from ``--dist-init-addr``:
+        # the next seven ports after it.
+        self.dist_port = free_port_range(8)
         self.kv_base = free_port_range(4)
         self.grpc_ports = [free_port() for _ in range(nnodes)]
         self.http_ports = [free_port() for _ in range(nnodes)]
@@ -203,6 +226,13 @@ class Node:
             )
         self.event = json.loads(line)
         return self.event
+
+    def expect_ready(self, timeout: float = NODE_READY_DEADLINE) -> dict:
+        """The ready event; otherwise fail with the node's error event and its log."""
+        event = self.ready(timeout)
+        if event.get("event") != "ready":
+            raise AssertionError(f"{self.name} did not get ready: {event}\n{self.log_tail(200)}")
+        return event
 
     def wait_past_port_checks(self, timeout: float = NODE_READY_DEADLINE) -> None:
         """Until the node has spawned a child process or exited.

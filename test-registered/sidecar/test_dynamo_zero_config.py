@@ -67,7 +67,7 @@ class TestDynamoZeroConfig(CustomTestCase):
                 ),
             ):
                 for node in (leader, follower):
-                    self.assertEqual(node.ready()["event"], "ready", node.log_tail())
+                    node.expect_ready()
 
                 def waiting_line() -> str | None:
                     text = follower.log_path.read_text(errors="replace")

@@ -139,8 +139,7 @@ class TestSidecarLaunch(CustomTestCase):
         group = EngineGroup(self.model, 1, ["--tp", "1"])
         report = self.workdir / f"report-{uuid.uuid4().hex}.jsonl"
         with self.leader(group, report) as node:
-            event = node.ready()
-            self.assertEqual(event["event"], "ready", node.log_tail())
+            node.expect_ready()
             info = wait_for_step(report, "server_info", EVENT_DEADLINE)
             # Started only after the native listener bound: the first call already answered.
             self.assertEqual(info["attempts"], 1)
@@ -178,7 +177,7 @@ class TestSidecarLaunch(CustomTestCase):
         group = EngineGroup(self.model, 1, ["--tp", "1"])
         report = self.workdir / f"report-{uuid.uuid4().hex}.jsonl"
         with self.leader(group, report) as node:
-            self.assertEqual(node.ready()["event"], "ready", node.log_tail())
+            node.expect_ready()
             provider = wait_for_step(report, "idle", EVENT_DEADLINE)
             killed_at = time.monotonic()
             os.kill(provider["pid"], signal.SIGKILL)
@@ -234,7 +233,7 @@ class TestSidecarLaunch(CustomTestCase):
             )
             try:
                 for node in (leader, follower):
-                    self.assertEqual(node.ready()["event"], "ready", node.log_tail())
+                    node.expect_ready()
                 info = cluster.get_server_info(group.grpc_ports[1])
 
                 def waiting_line() -> str | None:
@@ -290,7 +289,7 @@ class TestSidecarLaunch(CustomTestCase):
             cluster.nodes(group.for_node(0), group.for_node(1)) as started,
         ):
             for node in started:
-                self.assertEqual(node.ready()["event"], "ready", node.log_tail())
+                node.expect_ready()
             probe = subprocess.run(
                 [sys.executable, "-m", "sglang_sidecar_overlay", "probe",
                  f"127.0.0.1:{group.grpc_ports[1]}", "--timeout", "10"],
@@ -315,7 +314,7 @@ class TestSidecarLaunch(CustomTestCase):
             group.for_node(1, DYNAMO, ["--sidecar-on-followers", "--grpc-endpoint", "unused"]),
         ) as started:
             for node in started:
-                self.assertEqual(node.ready()["event"], "ready", node.log_tail())
+                node.expect_ready()
             self.assertEqual(cluster.get_server_info(group.grpc_ports[1])["kv_event_sources"], [])
             log = started[1].log_path.read_text(errors="replace")
             self.assertIn("owns no KV-event publisher", log)
