@@ -11,7 +11,7 @@ WHEEL_DIR := dist
 SGLANG_RELEASES ?= ci
 
 .PHONY: venv build-dev wheel install lint rust-check python-lint test test-unit test-registered \
-	benchmark-smoke selftest benchmark hostile wheel-portable sdist-check patches-check \
+	benchmark-smoke selftest benchmark hostile fresh-venv-check sdist-check patches-check \
 	patched-wheel test-patched clean
 
 venv: $(PY)
@@ -24,9 +24,23 @@ $(PY):
 build-dev: venv
 	$(VENV)/bin/maturin develop --release --extras test
 
+# The one wheel everything here installs and tests: built by pip from the sdist (the PEP 517
+# build a source install runs), abi3 for CPython 3.10+, manylinux2014 (glibc 2.17+) through zig
+# from PyPI's ziglang; auditwheel must confirm the tag. The cargo target directory is kept
+# across builds, so a rebuild compiles only this project's crate.
+SDIST_DIR := dist-sdist
+PORTABLE_TAG := manylinux_2_17_$(shell uname -m)
 wheel: venv
-	rm -rf $(WHEEL_DIR)
-	$(VENV)/bin/maturin build --release --out $(WHEEL_DIR)
+	$(PIP) install --quiet ziglang auditwheel
+	rm -rf $(WHEEL_DIR) $(SDIST_DIR)
+	$(VENV)/bin/maturin sdist --out $(SDIST_DIR)
+	PATH="$(abspath $(VENV))/bin:$$PATH" CARGO_TARGET_DIR="$(abspath target)" \
+		MATURIN_PEP517_ARGS="--zig --compatibility manylinux2014" \
+		$(PIP) wheel --quiet --no-build-isolation --no-deps --wheel-dir $(WHEEL_DIR) \
+		$(SDIST_DIR)/*.tar.gz
+	$(VENV)/bin/auditwheel show $(WHEEL_DIR)/*.whl | tee $(SDIST_DIR)/auditwheel.txt
+	grep -q '"$(PORTABLE_TAG)"' $(SDIST_DIR)/auditwheel.txt || \
+		{ echo "wheel is not $(PORTABLE_TAG): see $(SDIST_DIR)/auditwheel.txt"; exit 1; }
 
 # Tests run against the built wheel, as users get it, not against the source tree.
 install: wheel
@@ -50,7 +64,8 @@ test-unit:
 test-registered:
 	$(PY) scripts/sglang_envs.py test --releases $(SGLANG_RELEASES) --wheel-dir $(WHEEL_DIR)
 
-test: rust-check install python-lint test-unit patches-check test-registered benchmark-smoke
+test: rust-check install python-lint test-unit fresh-venv-check patches-check test-registered \
+	benchmark-smoke
 
 # Every benchmark row once with tiny durations, nothing written: keeps `make benchmark` from
 # rotting (runs after test-registered, whose cached SGLang envs rows 4 and 5 use).
@@ -80,27 +95,24 @@ benchmark: install
 hostile: install
 	$(PY) scripts/hostile.py
 
-# Installs everywhere (each a full release build of the native module, so not part of `make test`).
-# An abi3 wheel for glibc 2.17+ (manylinux2014), linked by zig from PyPI's ziglang; auditwheel
-# must confirm the tag.
-PORTABLE_DIR := dist-portable
-wheel-portable: venv
-	$(PIP) install --quiet ziglang auditwheel
-	rm -rf $(PORTABLE_DIR)
-	PATH="$(abspath $(VENV))/bin:$$PATH" $(VENV)/bin/maturin build --release --zig \
-		--compatibility manylinux2014 --out $(PORTABLE_DIR)
-	$(VENV)/bin/auditwheel show $(PORTABLE_DIR)/*.whl
+# The wheel from the sdist, installed alone into a fresh virtualenv: the selftest must pass
+# with nothing but its declared dependencies.
+FRESH_VENV := .fresh-venv
+fresh-venv-check: wheel
+	rm -rf $(FRESH_VENV)
+	$(PYTHON) -m venv $(FRESH_VENV)
+	$(FRESH_VENV)/bin/pip install --quiet $(WHEEL_DIR)/*.whl
+	$(FRESH_VENV)/bin/sglang-sidecar-overlay selftest
 
-# The path for machines without a prebuilt wheel (other architectures): the sdist, installed by
-# pip into a fresh virtualenv (cargo builds the native module), then the selftest.
-SDIST_DIR := dist-sdist
+# A plain source install, as on another architecture: pip builds the sdist with cargo and the
+# system linker (a full release build, so not part of `make test`; the wheel above is built
+# from the same sdist by the same PEP 517 hook).
 SDIST_VENV := .sdist-venv
-sdist-check: venv
-	rm -rf $(SDIST_DIR) $(SDIST_VENV)
-	$(VENV)/bin/maturin sdist --out $(SDIST_DIR)
+sdist-check: wheel
+	rm -rf $(SDIST_VENV)
 	$(PYTHON) -m venv $(SDIST_VENV)
 	$(SDIST_VENV)/bin/pip install --quiet $(SDIST_DIR)/*.tar.gz
 	$(SDIST_VENV)/bin/sglang-sidecar-overlay selftest
 
 clean:
-	rm -rf $(WHEEL_DIR) dist-patched $(PORTABLE_DIR) $(SDIST_DIR) $(SDIST_VENV) target $(VENV)
+	rm -rf $(WHEEL_DIR) dist-patched $(SDIST_DIR) $(FRESH_VENV) $(SDIST_VENV) target $(VENV)
