@@ -379,6 +379,8 @@ def install_consumer(env: Path) -> None:
 # installed plugin, so SGLang skips sidecar_overlay (test-registered's harness reads it).
 NO_PLUGIN = "none"
 PLUGINS_ENV = "SGLANG_OVERLAY_TEST_PLUGINS"
+# Tells the tests which side they run on (test-registered/overlay_harness/differences.py).
+SIDE_ENV, REBUILT_WHEEL = "SGLANG_OVERLAY_TEST_SIDE", "rebuilt-wheel"
 PLUGIN_PROOF = (
     "import logging, sys; logging.basicConfig(level=logging.INFO, stream=sys.stdout); "
     "from sglang.srt.plugins import load_plugins; load_plugins(); "
@@ -503,7 +505,8 @@ def test_patched(releases: list[str], wheel: Path, pytest_args: Sequence[str]) -
     install_project(env, wheel)
     install_consumer(env)
     prove_plugin_absent(env)
-    code = run_tests(env, f"{patches.RELEASE} (patched)", pytest_args, {PLUGINS_ENV: NO_PLUGIN})
+    sides = {PLUGINS_ENV: NO_PLUGIN, SIDE_ENV: REBUILT_WHEEL}
+    code = run_tests(env, f"{patches.RELEASE} (patched)", pytest_args, sides)
     log(f"test-registered {'passed' if code == 0 else 'failed'} on the rebuilt wheel")
     return code
 

@@ -329,13 +329,19 @@ def get_server_info(port: int, host: str = "127.0.0.1") -> dict:
 
 def health(port: int, host: str = "127.0.0.1") -> int | None:
     """grpc.health.v1 status of the whole server, None when nothing answers."""
+    status = health_or_error(port, host)
+    return status if isinstance(status, int) else None
+
+
+def health_or_error(port: int, host: str = "127.0.0.1") -> int | grpc.StatusCode:
+    """grpc.health.v1 status of the whole server, or the gRPC error code of the Check."""
     with grpc.insecure_channel(f"{host}:{port}") as channel:
         try:
             reply = _raw(channel, _grpc_wire.HEALTH_CHECK_PATH)(
                 _grpc_wire.encode_health_check_request(""), timeout=5.0
             )
-        except grpc.RpcError:
-            return None
+        except grpc.RpcError as exc:
+            return exc.code()
     return _grpc_wire.decode_health_check_response(reply)
 
 

@@ -1,0 +1,34 @@
+"""Which side of the patch series' equivalence run the tests are on, and what may differ.
+
+``scripts/sglang_envs.py test --patched`` runs the scenario files against the rebuilt sglang
+wheel with the plugin not loaded and sets ``SIDE_ENV``; the same files run against stock
+SGLang with the plugin. The allowed differences are ``patches/DIFFERENCES.md``'s, by number
+there; a test reads them here and asserts the documented behaviour of each side, never less.
+"""
+
+from __future__ import annotations
+
+import os
+
+SIDE_ENV = "SGLANG_OVERLAY_TEST_SIDE"
+REBUILT_WHEEL = "rebuilt-wheel"
+
+# patches/DIFFERENCES.md #1: upstream's follower server (Rust, not in the wheel) has no
+# grpc.health.v1; a Check on its port is UNIMPLEMENTED.
+FOLLOWER_HEALTH = 1
+# patches/DIFFERENCES.md #2: upstream's follower server does not log
+# "follower metadata server at <addr> is SERVING" / "stopped".
+FOLLOWER_SERVER_LOG_LINES = 2
+
+ALLOWED = frozenset({FOLLOWER_HEALTH, FOLLOWER_SERVER_LOG_LINES})
+
+
+def on_rebuilt_wheel() -> bool:
+    return os.environ.get(SIDE_ENV) == REBUILT_WHEEL
+
+
+def differs(number: int) -> bool:
+    """True when difference ``number`` applies to this run (it must be an allowed one)."""
+    if number not in ALLOWED:
+        raise ValueError(f"difference {number} is not in patches/DIFFERENCES.md's list")
+    return on_rebuilt_wheel()
