@@ -379,6 +379,11 @@ def install_consumer(env: Path) -> None:
 # installed plugin, so SGLang skips sidecar_overlay (test-registered's harness reads it).
 NO_PLUGIN = "none"
 PLUGINS_ENV = "SGLANG_OVERLAY_TEST_PLUGINS"
+# The scenario files compared on both sides (patches/DIFFERENCES.md says why the others are not).
+EQUIVALENCE_FILES = (
+    "test-registered/unit/entrypoints/test_follower_metadata.py",
+    "test-registered/unit/entrypoints/test_sidecar_launch.py",
+)
 # Tells the tests which side they run on (test-registered/overlay_harness/differences.py).
 SIDE_ENV, REBUILT_WHEEL = "SGLANG_OVERLAY_TEST_SIDE", "rebuilt-wheel"
 PLUGIN_PROOF = (
@@ -412,13 +417,16 @@ def prove_plugin_absent(env: Path) -> None:
     log("patched: plugin not loaded (status exit code 1: inactive)")
 
 
+def names_paths(pytest_args: Sequence[str]) -> bool:
+    """Whether the pytest arguments name test paths (which replace the default ones)."""
+    return any(not arg.startswith("-") for arg in pytest_args)
+
+
 def run_tests(
     env: Path, release: str, pytest_args: Sequence[str], extra_env: dict[str, str] | None = None
 ) -> int:
     # Paths given after "--" replace the default of the whole tree.
-    targets = (
-        [] if any(not arg.startswith("-") for arg in pytest_args) else [ROOT / "test-registered"]
-    )
+    targets = [] if names_paths(pytest_args) else [ROOT / "test-registered"]
     cmd = [
         env / "bin" / "python",
         "-m",
@@ -505,6 +513,8 @@ def test_patched(releases: list[str], wheel: Path, pytest_args: Sequence[str]) -
     install_project(env, wheel)
     install_consumer(env)
     prove_plugin_absent(env)
+    if not names_paths(pytest_args):
+        pytest_args = [*pytest_args, *(str(ROOT / path) for path in EQUIVALENCE_FILES)]
     sides = {PLUGINS_ENV: NO_PLUGIN, SIDE_ENV: REBUILT_WHEEL}
     code = run_tests(env, f"{patches.RELEASE} (patched)", pytest_args, sides)
     log(f"test-registered {'passed' if code == 0 else 'failed'} on the rebuilt wheel")
