@@ -287,6 +287,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
         "MAX_REFLECTION_REQUESTS",
         crate::reflection::MAX_REQUESTS_PER_STREAM,
     )?;
+    m.add("MAX_REFLECTION_STREAMS", crate::reflection::MAX_STREAMS)?;
     m.add_class::<PyMetadataServer>()?;
     m.add_function(wrap_pyfunction!(start_metadata_server, m)?)?;
     m.add_function(wrap_pyfunction!(build_info, m)?)?;

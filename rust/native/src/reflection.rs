@@ -6,16 +6,22 @@
 //! own from tonic-health and tonic-reflection. Nothing else is registered, so reflection
 //! reveals the schema of the served services and nothing more.
 //!
-//! A reflection call is a bidirectional stream that a client may keep open and feed forever;
-//! [`ReflectionLimits`] caps it at [`MAX_REQUESTS_PER_STREAM`] requests of at most
-//! `max_message_bytes` each. The request after the last one allowed is refused with
-//! RESOURCE_EXHAUSTED (the answers to the earlier ones are delivered first), and nothing of it
-//! is read.
+//! A reflection call is a bidirectional stream that a client may keep open and feed forever,
+//! and each answer (a file descriptor of up to a few KiB) is larger than the request that asks
+//! for it; tonic buffers up to 32 KiB of answers per stream before flow control stops it, and
+//! hyper one more chunk. So [`ReflectionLimits`] bounds both the streams and what each may ask:
+//! at most [`MAX_STREAMS`] reflection streams are open on a server at once (one more is
+//! refused with RESOURCE_EXHAUSTED at once), and each carries at most
+//! [`MAX_REQUESTS_PER_STREAM`] requests of at most `max_message_bytes` each. The request after
+//! the last one allowed is refused with RESOURCE_EXHAUSTED (the answers to the earlier ones
+//! are delivered first), and nothing of it is read.
 
 use std::convert::Infallible;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
+
 use std::task::{Context, Poll};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use bytes::Bytes;
 use http::{HeaderMap, Request, Response};
@@ -35,6 +41,10 @@ pub const SGLANG_FILE_DESCRIPTOR_SET: &[u8] =
 /// everything served here about a dozen; the cap only stops a client that never stops.
 pub const MAX_REQUESTS_PER_STREAM: usize = 100;
 
+/// Reflection streams open at once on one server, v1 and v1alpha together. grpcurl opens one
+/// per command.
+pub const MAX_STREAMS: usize = 16;
+
 /// The reflection services' names, as they are listed next to the served ones.
 pub const REFLECTION_SERVICES: [&str; 2] = [
     "grpc.reflection.v1.ServerReflection",
@@ -51,49 +61,51 @@ fn builder() -> tonic_reflection::server::Builder<'static> {
         .register_encoded_file_descriptor_set(tonic_reflection::pb::v1alpha::FILE_DESCRIPTOR_SET)
 }
 
-/// The v1 reflection service, bounded.
-pub fn v1(
+/// The v1 and v1alpha (what older clients ask) reflection services, bounded together.
+pub fn services(
     max_message_bytes: usize,
-) -> ReflectionLimits<
-    tonic_reflection::server::v1::ServerReflectionServer<
-        impl tonic_reflection::server::v1::ServerReflection,
+) -> (
+    ReflectionLimits<
+        tonic_reflection::server::v1::ServerReflectionServer<
+            impl tonic_reflection::server::v1::ServerReflection,
+        >,
     >,
-> {
-    let server = builder()
+    ReflectionLimits<
+        tonic_reflection::server::v1alpha::ServerReflectionServer<
+            impl tonic_reflection::server::v1alpha::ServerReflection,
+        >,
+    >,
+) {
+    let streams = Arc::new(Semaphore::new(MAX_STREAMS));
+    let v1 = builder()
         .build_v1()
         .expect("the compiled-in descriptor sets are valid")
         .max_decoding_message_size(max_message_bytes);
-    ReflectionLimits::new(server, max_message_bytes)
-}
-
-/// The v1alpha reflection service (what older clients ask), bounded.
-pub fn v1alpha(
-    max_message_bytes: usize,
-) -> ReflectionLimits<
-    tonic_reflection::server::v1alpha::ServerReflectionServer<
-        impl tonic_reflection::server::v1alpha::ServerReflection,
-    >,
-> {
-    let server = builder()
+    let v1alpha = builder()
         .build_v1alpha()
         .expect("the compiled-in descriptor sets are valid")
         .max_decoding_message_size(max_message_bytes);
-    ReflectionLimits::new(server, max_message_bytes)
+    (
+        ReflectionLimits::new(v1, max_message_bytes, streams.clone()),
+        ReflectionLimits::new(v1alpha, max_message_bytes, streams),
+    )
 }
 
-/// Counts the messages of each reflection stream and ends the stream with the refusal once a
-/// limit is crossed.
+/// Admits a reflection stream only with one of the server's [`MAX_STREAMS`] permits, counts
+/// its messages, and ends it with the refusal once a limit is crossed.
 #[derive(Clone)]
 pub struct ReflectionLimits<S> {
     inner: S,
     max_message_bytes: usize,
+    streams: Arc<Semaphore>,
 }
 
 impl<S> ReflectionLimits<S> {
-    fn new(inner: S, max_message_bytes: usize) -> Self {
+    fn new(inner: S, max_message_bytes: usize, streams: Arc<Semaphore>) -> Self {
         Self {
             inner,
             max_message_bytes,
+            streams,
         }
     }
 }
@@ -118,6 +130,15 @@ where
     }
 
     fn call(&mut self, request: Request<Body>) -> Self::Future {
+        // Held by the request (which tonic-reflection's task owns) and by the reply, so the
+        // stream counts until both are gone.
+        let Ok(permit) = self.streams.clone().try_acquire_owned() else {
+            let status = Status::resource_exhausted(format!(
+                "reflection: {MAX_STREAMS} streams already open on this server"
+            ));
+            return Box::pin(async move { Ok(status.into_http()) });
+        };
+        let permit = Arc::new(permit);
         let refused = Refused::default();
         let reader = RequestReader::messages(
             "reflection",
@@ -129,11 +150,18 @@ where
             reader,
             pending: None,
             refused: refused.clone(),
+            _permit: permit.clone(),
         });
         let reply = self.inner.call(request);
         Box::pin(async move {
             let response = reply.await?;
-            Ok(response.map(|inner| Body::new(RefusableReply { inner, refused })))
+            Ok(response.map(|inner| {
+                Body::new(RefusableReply {
+                    inner,
+                    refused,
+                    _permit: permit,
+                })
+            }))
         })
     }
 }
@@ -146,6 +174,7 @@ pub struct CountedRequest {
     /// The refusal to give on the next poll, after the accepted part of a chunk.
     pending: Option<Status>,
     refused: Refused,
+    _permit: Arc<OwnedSemaphorePermit>,
 }
 
 impl CountedRequest {
@@ -197,6 +226,7 @@ impl http_body::Body for CountedRequest {
 struct RefusableReply {
     inner: Body,
     refused: Refused,
+    _permit: Arc<OwnedSemaphorePermit>,
 }
 
 impl http_body::Body for RefusableReply {

@@ -166,9 +166,8 @@ impl MetadataServer {
                     }
                 };
                 if reflection {
-                    router = router
-                        .add_service(crate::reflection::v1(max_message))
-                        .add_service(crate::reflection::v1alpha(max_message));
+                    let (v1, v1alpha) = crate::reflection::services(max_message);
+                    router = router.add_service(v1).add_service(v1alpha);
                 }
                 runtime.block_on(async move {
                     // tonic-health starts "" as SERVING; flip it before the first accept, and

@@ -11,7 +11,7 @@ use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
 use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
 use tonic_reflection::pb::v1::{ServerReflectionRequest, ServerReflectionResponse};
 
-use _native::reflection::{MAX_REQUESTS_PER_STREAM, REFLECTION_SERVICES};
+use _native::reflection::{MAX_REQUESTS_PER_STREAM, MAX_STREAMS, REFLECTION_SERVICES};
 use _native::server::{MetadataServer, ServerOptions};
 use _native::{GET_SERVER_INFO_PATH, SGLANG_SERVICE};
 
@@ -126,6 +126,76 @@ async fn a_stream_gets_its_first_answers_then_resource_exhausted() {
         vec![request(MessageRequest::ListServices(String::new())); MAX_REQUESTS_PER_STREAM];
     let (answers, code) = reflect(&server, requests).await;
     assert_eq!((answers.len(), code), (MAX_REQUESTS_PER_STREAM, Code::Ok));
+    shutdown(server).await;
+}
+
+/// A stream that asked one question, got its answer, and stays open until dropped.
+struct HeldStream {
+    _requests: tokio::sync::mpsc::Sender<ServerReflectionRequest>,
+    _replies: tonic::Streaming<ServerReflectionResponse>,
+}
+
+/// Opens a stream and waits for the answer to a first ListServices; the refusal if none.
+async fn hold_stream(server: &MetadataServer) -> Result<HeldStream, Code> {
+    let (requests, rx) = tokio::sync::mpsc::channel(1);
+    requests
+        .send(request(MessageRequest::ListServices(String::new())))
+        .await
+        .unwrap();
+    let mut client = ServerReflectionClient::new(channel(server).await);
+    let call = async {
+        let mut replies = client
+            .server_reflection_info(tokio_stream::wrappers::ReceiverStream::new(rx))
+            .await
+            .map_err(|status| status.code())?
+            .into_inner();
+        match replies.message().await {
+            Ok(Some(_)) => Ok(replies),
+            Ok(None) => Err(Code::Ok),
+            Err(status) => Err(status.code()),
+        }
+    };
+    let replies = tokio::time::timeout(DEADLINE, call)
+        .await
+        .expect("a verdict")?;
+    Ok(HeldStream {
+        _requests: requests,
+        _replies: replies,
+    })
+}
+
+#[tokio::test]
+async fn at_most_max_streams_are_open_at_once_and_a_closed_one_frees_its_place() {
+    let server = start(true);
+    let mut held = Vec::new();
+    for _ in 0..MAX_STREAMS {
+        held.push(hold_stream(&server).await.expect("a stream within the cap"));
+    }
+    assert_eq!(
+        hold_stream(&server).await.err(),
+        Some(Code::ResourceExhausted)
+    );
+    // GetServerInfo and health are not affected by reflection's cap.
+    let mut client =
+        _native::proto::sglang_service_client::SglangServiceClient::new(channel(&server).await);
+    client
+        .get_server_info(_native::proto::GetServerInfoRequest {})
+        .await
+        .unwrap();
+
+    held.pop();
+    // The server notices the reset stream on its own time: retry until it has, or the deadline.
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    let again = loop {
+        match hold_stream(&server).await {
+            Ok(stream) => break stream,
+            Err(Code::ResourceExhausted) if tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+            Err(code) => panic!("no place freed before the deadline: {code:?}"),
+        }
+    };
+    drop((again, held));
     shutdown(server).await;
 }
 
