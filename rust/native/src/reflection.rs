@@ -19,13 +19,12 @@
 use std::convert::Infallible;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
-
 use std::task::{Context, Poll};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use bytes::Bytes;
 use http::{HeaderMap, Request, Response};
 use http_body::Frame;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tonic::Status;
 use tonic::body::Body;
 use tonic::server::NamedService;
@@ -37,8 +36,8 @@ use crate::service::RequestReader;
 pub const SGLANG_FILE_DESCRIPTOR_SET: &[u8] =
     include_bytes!(concat!(env!("OUT_DIR"), "/sglang.runtime.v1.fds"));
 
-/// Requests one reflection stream may carry. grpcurl's `list` sends one and `describe` of
-/// everything served here about a dozen; the cap only stops a client that never stops.
+/// Requests one reflection stream may carry. A grpcurl command sends a few (one per symbol or
+/// file it resolves); the cap only stops a client that never stops.
 pub const MAX_REQUESTS_PER_STREAM: usize = 100;
 
 /// Reflection streams open at once on one server, v1 and v1alpha together. grpcurl opens one
