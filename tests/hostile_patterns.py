@@ -587,6 +587,92 @@ def resets(address: str, streams: int = 2000, sockets: int = 200) -> Outcome:
     return Outcome(f"rapid reset: {rapid}; mid-call TCP RST x{sockets}: served on", {})
 
 
+REFLECTION_INFO = "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo"
+
+
+def _count_refused_streams(socks: list[socket.socket], expected: int, deadline: float) -> int:
+    """Reads every connection until ``expected`` streams were refused at once (a response that
+    is only trailers: a first HEADERS frame with END_STREAM) or the deadline passes; returns
+    how many were. Reading grants the server no flow-control window: only WINDOW_UPDATE does."""
+    selector = selectors.DefaultSelector()
+    buffers: dict[socket.socket, bytes] = {}
+    for sock in socks:
+        sock.setblocking(False)
+        selector.register(sock, selectors.EVENT_READ)
+        buffers[sock] = b""
+    answered: set[tuple[int, int]] = set()
+    refused = 0
+    try:
+        while refused < expected and (remaining := deadline - time.monotonic()) > 0:
+            for key, _ in selector.select(timeout=remaining):
+                sock = key.fileobj
+                assert isinstance(sock, socket.socket)
+                try:
+                    chunk = sock.recv(65536)
+                except OSError:
+                    chunk = b""
+                if not chunk:
+                    selector.unregister(sock)
+                    continue
+                buf = buffers[sock] + chunk
+                while len(buf) >= 9 and len(buf) >= 9 + int.from_bytes(buf[:3], "big"):
+                    length, kind, flags = int.from_bytes(buf[:3], "big"), buf[3], buf[4]
+                    stream = struct.unpack(">I", buf[5:9])[0] & 0x7FFFFFFF
+                    if kind == FRAME_HEADERS and (sock.fileno(), stream) not in answered:
+                        answered.add((sock.fileno(), stream))
+                        refused += bool(flags & FLAG_END_STREAM)
+                    buf = buf[9 + length :]
+                buffers[sock] = buf
+    finally:
+        selector.close()
+    return refused
+
+
+def reflection_streams(
+    address: str, connections: int = 50, streams: int = 10, requests: int = 150
+) -> Outcome:
+    """``connections`` connections, each opening ``streams`` reflection streams that each send
+    ``requests`` requests for the largest descriptor served (more requests than a stream may
+    carry) and never grant the server window beyond HTTP/2's initial 64 KiB to answer them.
+    What is sent stays within the server's windows, so the server is asked to answer, not to
+    police flow control. Held until every stream beyond the server's reflection stream cap was
+    refused (at most 30 s), then closed."""
+    from sglang_sidecar_overlay._native import MAX_REFLECTION_STREAMS
+
+    symbol = b"grpc.reflection.v1.ServerReflection"
+    message = bytes([4 << 3 | 2]) + _varint(len(symbol)) + symbol  # file_containing_symbol
+    body = (b"\x00" + struct.pack(">I", len(message)) + message) * requests
+    if streams * len(body) > 65_535:
+        raise ValueError(f"{streams} streams of {len(body)} bytes exceed one connection window")
+    headers = grpc_request_headers(address).replace(
+        hpack_literal(":path", GET_SERVER_INFO), hpack_literal(":path", REFLECTION_INFO)
+    )
+    socks: list[socket.socket] = []
+    try:
+        for _ in range(connections):
+            with contextlib.suppress(OSError):
+                sock = h2_connect(address)
+                socks.append(sock)
+                sock.sendall(
+                    b"".join(
+                        frame(FRAME_HEADERS, FLAG_END_HEADERS, 2 * i + 1, headers)
+                        + frame(FRAME_DATA, 0, 2 * i + 1, body)
+                        for i in range(streams)
+                    )
+                )
+        opened = len(socks) * streams
+        refused = _count_refused_streams(
+            socks, opened - MAX_REFLECTION_STREAMS, time.monotonic() + 30
+        )
+    finally:
+        for sock in socks:
+            sock.close()
+    return Outcome(
+        f"{refused} of {opened} streams refused at once, the rest answered until unread",
+        {"streams": opened, "refused": refused},
+    )
+
+
 PATTERNS: dict[str, tuple[str, Callable[[str], Outcome]]] = {
     "garbage": ("64 KiB of random bytes", garbage),
     "http1": ("an HTTP/1.1 request", http1),
@@ -599,6 +685,10 @@ PATTERNS: dict[str, tuple[str, Callable[[str], Outcome]]] = {
     ),
     "slowloris": ("the preface at one byte a second (at most 20 s)", slowloris),
     "resets": ("2,000 rapid stream resets, 200 TCP resets mid-request", resets),
+    "reflection-streams": (
+        "50 connections x 10 reflection streams of 150 requests, answers never read",
+        reflection_streams,
+    ),
 }
 
 

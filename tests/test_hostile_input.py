@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import hostile_patterns as hp
 import pytest
-from sglang_sidecar_overlay._native import DEFAULT_LIMITS
+from sglang_sidecar_overlay._native import DEFAULT_LIMITS, MAX_REFLECTION_STREAMS
 
 MEMORY_BOUND_MIB = 32
 SOAK_CLIENTS = 64
@@ -87,6 +87,16 @@ def test_resets_in_the_middle_of_calls_leave_the_server_serving(
     run = hp.run_pattern(server, "resets")
     assert_unharmed(run)
     assert hp.grpc_call(server.address)
+
+
+def test_unread_reflection_streams_are_capped_and_stay_within_the_memory_bound(
+    server: hp.ServerProcess,
+) -> None:
+    run = hp.run_pattern(server, "reflection-streams")
+    assert run.outcome.figures["streams"] == 500, run.outcome.status
+    # Only the streams beyond the cap are refused at once: the first ones hold their places.
+    assert run.outcome.figures["refused"] == 500 - MAX_REFLECTION_STREAMS, run.outcome.status
+    assert_unharmed(run)
 
 
 # 1.28 million calls: about a minute on an idle 2-core machine, several when it is shared.

@@ -24,7 +24,7 @@ SECONDS_LIMITS = [k for k in DEFAULT_LIMITS if k.endswith("_s")]
 
 
 def stub_defaults() -> dict[str, object]:
-    """The stub's keyword defaults for the limits (``implementation`` is not a limit)."""
+    """The stub's keyword defaults for the limits (not ``implementation``, ``reflection``)."""
     tree = ast.parse(STUB.read_text())
     func = next(
         node
@@ -34,7 +34,7 @@ def stub_defaults() -> dict[str, object]:
     return {
         arg.arg: ast.literal_eval(default)
         for arg, default in zip(func.args.kwonlyargs, func.args.kw_defaults, strict=True)
-        if default is not None and arg.arg != "implementation"
+        if default is not None and arg.arg not in ("implementation", "reflection")
     }
 
 

@@ -87,7 +87,7 @@ def test_every_other_upstream_method_is_unimplemented(server: MetadataServer, me
 
 def test_unknown_service_is_unimplemented(server: MetadataServer) -> None:
     with grpc.insecure_channel(target(server)) as channel:
-        call = channel.unary_unary("/grpc.reflection.v1.ServerReflection/ServerReflectionInfo")
+        call = channel.unary_unary("/grpc.channelz.v1.Channelz/GetTopChannels")
         with pytest.raises(grpc.RpcError) as caught:
             call(b"", timeout=5.0)
     assert caught.value.code() == grpc.StatusCode.UNIMPLEMENTED

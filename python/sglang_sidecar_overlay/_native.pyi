@@ -7,8 +7,15 @@ __version__: str
 DEFAULT_LIMITS: dict[str, int | float]
 """The default of every limit keyword of :func:`start_metadata_server`, by keyword."""
 
+MAX_REFLECTION_REQUESTS: int
+"""Requests one gRPC reflection stream may carry; the next is refused with RESOURCE_EXHAUSTED."""
+
+MAX_REFLECTION_STREAMS: int
+"""gRPC reflection streams open at once on one server; one more is refused with
+RESOURCE_EXHAUSTED."""
+
 class MetadataServer:
-    """A running follower metadata server (GetServerInfo + grpc.health.v1)."""
+    """A running follower metadata server (GetServerInfo + grpc.health.v1, and reflection)."""
 
     @property
     def host(self) -> str: ...
@@ -41,6 +48,7 @@ def start_metadata_server(
     keepalive_timeout_s: float = 10.0,
     tcp_keepalive_s: float = 60.0,
     implementation: str = "framed",
+    reflection: bool = True,
 ) -> MetadataServer:
     """Start a follower metadata server on (host, port) answering GetServerInfo with
     ``server_info_json``; binds before returning (port 0 picks a free port).
@@ -69,6 +77,14 @@ def start_metadata_server(
     ``implementation`` picks how GetServerInfo is served, ``"framed"`` (the reply framed once,
     handed out without a copy) or ``"generated"`` (tonic's generated server); both answer the
     same, and the benchmark compares them.
+
+    ``reflection`` serves gRPC server reflection (``grpc.reflection.v1`` and ``v1alpha``) over
+    exactly the served services, so ``grpcurl -plaintext HOST:PORT list`` and ``describe``
+    work; it reveals their schema and nothing else. At most ``MAX_REFLECTION_STREAMS``
+    reflection streams are open at once, and each is answered for at most
+    ``MAX_REFLECTION_REQUESTS`` requests of at most ``max_message_bytes`` each; beyond either,
+    RESOURCE_EXHAUSTED. ``False`` leaves reflection calls UNIMPLEMENTED; anything
+    but a bool raises ValueError.
     """
 
 def build_info() -> dict[str, object]: ...

@@ -1,4 +1,5 @@
-//! Generates the SglangService server and client from the small proto in `proto/`.
+//! Generates the SglangService server and client from the small proto in `proto/`, and its
+//! encoded descriptor set for server reflection (`OUT_DIR/sglang.runtime.v1.fds`).
 //!
 //! protoc comes from the `protoc-bin-vendored` crate unless `PROTOC` is set, so a build
 //! needs nothing beyond crates.io.
@@ -19,7 +20,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             std::env::var(var).unwrap_or_default()
         );
     }
+    let out_dir = std::path::PathBuf::from(std::env::var_os("OUT_DIR").ok_or("OUT_DIR unset")?);
     tonic_prost_build::configure()
+        .file_descriptor_set_path(out_dir.join("sglang.runtime.v1.fds"))
         .build_server(false)
         .build_client(true)
         .compile_protos(&["proto/sglang/runtime/v1/sglang.proto"], &["proto"])?;

@@ -1,4 +1,4 @@
-"""Lifecycle of a follower node's metadata server (GetServerInfo + grpc.health.v1).
+"""Lifecycle of a follower node's metadata server (GetServerInfo + grpc.health.v1 + reflection).
 
 Runs in the engine process of a follower node (``node_rank >= 1``), started only after every
 local scheduler has reported ready, with the node's server-info snapshot. Order on start:

@@ -6,6 +6,7 @@
 pub mod address;
 pub mod incoming;
 pub mod limits;
+pub mod reflection;
 pub mod server;
 pub mod service;
 

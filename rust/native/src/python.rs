@@ -14,7 +14,7 @@ use crate::limits::{self, Limits};
 use crate::server::{MetadataServer, ServerOptions, StartError};
 use crate::service::Implementation;
 
-/// A running follower metadata server (GetServerInfo + grpc.health.v1).
+/// A running follower metadata server (GetServerInfo + grpc.health.v1, and reflection).
 #[pyclass(
     name = "MetadataServer",
     module = "sglang_sidecar_overlay._native",
@@ -86,6 +86,7 @@ impl PyMetadataServer {
     keepalive_timeout_s = None,
     tcp_keepalive_s = None,
     implementation = None,
+    reflection = None,
 ))]
 #[allow(clippy::too_many_arguments)]
 fn start_metadata_server(
@@ -104,6 +105,7 @@ fn start_metadata_server(
     keepalive_timeout_s: Option<Bound<'_, PyAny>>,
     tcp_keepalive_s: Option<Bound<'_, PyAny>>,
     implementation: Option<Bound<'_, PyAny>>,
+    reflection: Option<Bound<'_, PyAny>>,
 ) -> PyResult<PyMetadataServer> {
     let addr =
         parse_bind_address(host, port).map_err(|err| PyValueError::new_err(err.to_string()))?;
@@ -148,9 +150,15 @@ fn start_metadata_server(
                 bad_value("implementation", &value, "expected 'framed' or 'generated'")
             })?,
     };
+    let reflection = match reflection {
+        None => ServerOptions::default().reflection,
+        Some(value) if value.is_instance_of::<PyBool>() => value.is_truthy()?,
+        Some(value) => return Err(bad_value("reflection", &value, "expected True or False")),
+    };
     let options = ServerOptions {
         limits: l,
         implementation,
+        reflection,
         ..ServerOptions::default()
     };
     let server = py
@@ -245,10 +253,20 @@ fn build_info(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     info.set_item("version", env!("CARGO_PKG_VERSION"))?;
     info.set_item("profile", env!("OVERLAY_BUILD_PROFILE"))?;
     info.set_item("target", env!("OVERLAY_BUILD_TARGET"))?;
-    info.set_item("grpc", "tonic 0.14, tonic-health 0.14, prost 0.14")?;
+    info.set_item(
+        "grpc",
+        "tonic 0.14, tonic-health 0.14, tonic-reflection 0.14, prost 0.14",
+    )?;
     info.set_item(
         "services",
-        vec![crate::SGLANG_SERVICE, "grpc.health.v1.Health"],
+        vec![
+            crate::SGLANG_SERVICE,
+            tonic_health::pb::health_server::SERVICE_NAME,
+        ],
+    )?;
+    info.set_item(
+        "reflection",
+        crate::reflection::REFLECTION_SERVICES.to_vec(),
     )?;
     Ok(info)
 }
@@ -265,6 +283,11 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
         }
     }
     m.add("DEFAULT_LIMITS", defaults)?;
+    m.add(
+        "MAX_REFLECTION_REQUESTS",
+        crate::reflection::MAX_REQUESTS_PER_STREAM,
+    )?;
+    m.add("MAX_REFLECTION_STREAMS", crate::reflection::MAX_STREAMS)?;
     m.add_class::<PyMetadataServer>()?;
     m.add_function(wrap_pyfunction!(start_metadata_server, m)?)?;
     m.add_function(wrap_pyfunction!(build_info, m)?)?;

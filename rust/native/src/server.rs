@@ -1,4 +1,5 @@
-//! The follower metadata server: `SglangService/GetServerInfo` plus `grpc.health.v1.Health`.
+//! The follower metadata server: `SglangService/GetServerInfo` plus `grpc.health.v1.Health`,
+//! and gRPC server reflection over those two unless switched off.
 //!
 //! Each server owns a small tokio runtime on one background thread. It binds in the caller's
 //! thread (so bind errors surface at once), answers GetServerInfo with one immutable JSON
@@ -44,6 +45,8 @@ pub struct ServerOptions {
     pub limits: Limits,
     /// Which SglangService implementation answers (the benchmark compares them).
     pub implementation: Implementation,
+    /// Serve gRPC server reflection (v1 and v1alpha; see [`crate::reflection`]).
+    pub reflection: bool,
 }
 
 impl Default for ServerOptions {
@@ -53,6 +56,7 @@ impl Default for ServerOptions {
             shutdown_grace: Duration::from_millis(500),
             limits: Limits::default(),
             implementation: Implementation::default(),
+            reflection: true,
         }
     }
 }
@@ -132,6 +136,7 @@ impl MetadataServer {
         let health_service = health_service.max_decoding_message_size(limits.max_message_bytes);
         let (stop, stop_rx) = watch::channel(false);
         let implementation = options.implementation;
+        let reflection = options.reflection;
         let listener = {
             let _guard = runtime.enter();
             tokio::net::TcpListener::from_std(listener)
@@ -160,6 +165,10 @@ impl MetadataServer {
                         router.add_service(generated_service(snapshot, max_request, max_message))
                     }
                 };
+                if reflection {
+                    let (v1, v1alpha) = crate::reflection::services(max_message);
+                    router = router.add_service(v1).add_service(v1alpha);
+                }
                 runtime.block_on(async move {
                     // tonic-health starts "" as SERVING; flip it before the first accept, and
                     // before start() returns so a set_serving(true) cannot be overwritten.

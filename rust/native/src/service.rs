@@ -130,35 +130,71 @@ impl Service<Request<Body>> for SnapshotService {
 /// are enforced on the first frame that crosses them and message bodies are never buffered.
 #[derive(Debug)]
 pub struct RequestReader {
+    /// The call, as the refusals name it ("GetServerInfo", "reflection").
+    call: &'static str,
     max_request_bytes: usize,
     max_message_bytes: usize,
+    max_messages: usize,
     seen: usize,
+    messages: usize,
     header: [u8; 5],
     header_len: usize,
     /// Bytes of the current message body still to skip.
     remaining: usize,
 }
 
+/// A limit crossed inside one chunk of a request body: the first `accepted` bytes of the chunk
+/// belong to messages within the limits, the rest is refused with `status`.
+#[derive(Debug)]
+pub struct Refusal {
+    pub accepted: usize,
+    pub status: Status,
+}
+
 impl RequestReader {
+    /// The GetServerInfo request: any number of messages within the byte limits.
     pub fn new(max_request_bytes: usize, max_message_bytes: usize) -> Self {
         Self {
+            call: "GetServerInfo",
             max_request_bytes,
             max_message_bytes,
+            max_messages: usize::MAX,
             seen: 0,
+            messages: 0,
             header: [0; 5],
             header_len: 0,
             remaining: 0,
         }
     }
 
-    pub fn feed(&mut self, mut data: Bytes) -> Result<(), Status> {
+    /// A streamed request of at most `max_messages` messages of `max_message_bytes` each.
+    pub fn messages(call: &'static str, max_messages: usize, max_message_bytes: usize) -> Self {
+        Self {
+            call,
+            max_messages,
+            ..Self::new(usize::MAX, max_message_bytes)
+        }
+    }
+
+    pub fn feed(&mut self, data: Bytes) -> Result<(), Status> {
+        self.feed_chunk(data).map_err(|refusal| refusal.status)
+    }
+
+    /// Like [`RequestReader::feed`], and on a refusal says how much of `data` came before the
+    /// refused message (a message cut by a byte limit is not accepted in part: 0).
+    pub fn feed_chunk(&mut self, mut data: Bytes) -> Result<(), Refusal> {
+        let call = self.call;
         self.seen = self.seen.saturating_add(data.len());
         if self.seen > self.max_request_bytes {
-            return Err(Status::resource_exhausted(format!(
-                "GetServerInfo request body exceeds {} bytes (max_request_bytes)",
-                self.max_request_bytes
-            )));
+            return Err(Refusal {
+                accepted: 0,
+                status: Status::resource_exhausted(format!(
+                    "{call} request body exceeds {} bytes (max_request_bytes)",
+                    self.max_request_bytes
+                )),
+            });
         }
+        let chunk_len = data.len();
         while data.has_remaining() {
             if self.remaining > 0 {
                 let skip = self.remaining.min(data.remaining());
@@ -166,6 +202,8 @@ impl RequestReader {
                 self.remaining -= skip;
                 continue;
             }
+            // Where the next message starts in this chunk (0 if its header began earlier).
+            let message_start = (chunk_len - data.remaining()).saturating_sub(self.header_len);
             let take = (5 - self.header_len).min(data.remaining());
             data.copy_to_slice(&mut self.header[self.header_len..self.header_len + take]);
             self.header_len += take;
@@ -173,11 +211,22 @@ impl RequestReader {
                 continue;
             }
             self.header_len = 0;
+            let refuse = |status| Refusal {
+                accepted: message_start,
+                status,
+            };
             if self.header[0] > 1 {
-                return Err(Status::invalid_argument(format!(
+                return Err(refuse(Status::invalid_argument(format!(
                     "malformed gRPC message: compression flag {} is neither 0 nor 1",
                     self.header[0]
-                )));
+                ))));
+            }
+            self.messages += 1;
+            if self.messages > self.max_messages {
+                return Err(refuse(Status::resource_exhausted(format!(
+                    "{call} stream exceeds {} requests",
+                    self.max_messages
+                ))));
             }
             let length = u32::from_be_bytes([
                 self.header[1],
@@ -186,11 +235,11 @@ impl RequestReader {
                 self.header[4],
             ]) as usize;
             if length > self.max_message_bytes {
-                return Err(Status::resource_exhausted(format!(
-                    "GetServerInfo request message of {length} bytes exceeds {} bytes \
+                return Err(refuse(Status::resource_exhausted(format!(
+                    "{call} request message of {length} bytes exceeds {} bytes \
                      (max_message_bytes)",
                     self.max_message_bytes
-                )));
+                ))));
             }
             self.remaining = length;
         }
