@@ -21,6 +21,8 @@ numbers move with whatever else the machine is doing.
    generated server returning the pre-encoded message (``ours-generated``), same load as row 1.
    ``--service-shape`` runs only this row and prints it.
 
+``--plugin-cost`` runs only row 5 and prints it (nothing written).
+
 Downloads go to ``$SGLANG_OVERLAY_CACHE/bench`` (default ``~/.cache/sglang-sidecar-overlay``).
 """
 
@@ -535,9 +537,19 @@ import sglang.srt.plugins as plugins
 t1 = time.perf_counter()
 plugins.load_plugins()
 t2 = time.perf_counter()
+overlay_modules = sorted(m for m in sys.modules if m.startswith("sglang_sidecar_overlay"))
+launch = None
+if overlay_modules:
+    # What the launch hook adds on a leader (native gRPC, no --sidecar) once a launch starts.
+    from sglang_sidecar_overlay import plugin
+    adapter = importlib.import_module(plugin.installed_adapter())
+    from sglang_sidecar_overlay.adapters import _common
+    _common.begin_node_launch()
+    adapter.install_launch_hooks(["leader"] if hasattr(adapter, "BUILD_SERVER_INFO")
+                                 else ["leader_grpc"])
+    launch = time.perf_counter() - t2
 print(json.dumps({"import_framework": t1 - t0, "load_plugins": t2 - t1,
-                  "overlay_modules": sorted(m for m in sys.modules
-                                            if m.startswith("sglang_sidecar_overlay"))}))
+                  "leader_launch": launch, "overlay_modules": overlay_modules}))
 """
 
 
@@ -553,7 +565,7 @@ def plugin_cost(python: str | None, runs: int) -> dict[str, Any]:
     import sglang_sidecar_overlay
 
     installed = Path(sglang_sidecar_overlay.__file__).parent
-    out: dict[str, list[float]] = {"with": [], "without": []}
+    out: dict[str, list[float]] = {"with": [], "without": [], "leader_launch": []}
     with tempfile.TemporaryDirectory(prefix="bench-plugin-") as site:
         shutil.copytree(installed, Path(site) / "sglang_sidecar_overlay")
         dist = Path(site) / "sglang_sidecar_overlay-0.0.0.dist-info"
@@ -577,6 +589,8 @@ def plugin_cost(python: str | None, runs: int) -> dict[str, Any]:
                 if case == "with" and not result["overlay_modules"]:
                     return {"error": "the plugin was not loaded by load_plugins()"}
                 out[case].append(result["load_plugins"])
+                if case == "with":
+                    out["leader_launch"].append(result["leader_launch"])
     return out
 
 
@@ -764,6 +778,21 @@ def _render_plugin(results: dict[str, Any]) -> list[str]:
         f"| with the plugin | {_ms(w)} | {_ms(max(pc['with']))} |",
         f"| without | {_ms(wo)} | {_ms(max(pc['without']))} |",
         f"| added by the plugin | {_ms(w - wo)} | |",
+        *(
+            [
+                f"| added when a leader's launch starts (native gRPC, no `--sidecar`) "
+                f"| {_ms(statistics.median(pc['leader_launch']))} "
+                f"| {_ms(max(pc['leader_launch']))} |"
+            ]
+            if pc.get("leader_launch")
+            else []
+        ),
+        "",
+        "Each hooked target costs SGLang's `HookRegistry` a walk over every loaded module, so "
+        "`load_plugins()` registers one hook in the engine process and the launch installs what "
+        "the node's role needs (`adapters/_hooks.py`). The last row is that second step for a "
+        "leader: the overlay's builder imported, the launch's incarnation begun, its hook "
+        "applied.",
     ]
 
 
@@ -790,6 +819,9 @@ def main() -> None:
     parser.add_argument(
         "--service-shape", action="store_true", help="run only row 6 and print it (no write)"
     )
+    parser.add_argument(
+        "--plugin-cost", action="store_true", help="run only row 5 and print it (no write)"
+    )
     args = parser.parse_args()
     if args.quick:
         args.rounds, args.duration, args.warmup = 1, 0.5, 0.2
@@ -803,6 +835,11 @@ def main() -> None:
     # The package is the installed wheel (make benchmark installs it), never the source tree.
     sys.path.insert(0, str(ROOT / "scripts"))
 
+    if args.plugin_cost:
+        python, source = sglang_python(args.sglang_python)
+        print(f"5. plugin cost ({sglang_version(python) or source})", flush=True)
+        print("\n".join(_render_plugin({"plugin": plugin_cost(python, args.plugin_runs)})))
+        return
     extension = str(upstream_grpc_extension())
     client = build_client()
     if args.service_shape:
