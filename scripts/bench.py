@@ -23,6 +23,11 @@ numbers move with whatever else the machine is doing.
 
 ``--plugin-cost`` runs only row 5 and prints it (nothing written).
 
+``--smoke`` (``make test``) runs every row once, in well under a minute: tiny durations, one
+client per load point, every supervisor measurement of ours but only upstream's spawn (each
+upstream sidecar child imports SGLang), the plugin row without the engine pre-imports (its
+figures mean nothing there), nothing written; exit 1 if a row failed.
+
 Downloads go to ``$SGLANG_OVERLAY_CACHE/bench`` (default ``~/.cache/sglang-sidecar-overlay``).
 """
 
@@ -382,7 +387,7 @@ def throughput(client: Path, extension: str, args: argparse.Namespace) -> dict[s
                 check_bytes(info["port"], json_info)
                 if label == "20 KB":
                     memory[kind] = {"before": info["before"], "idle": proc_status(info["pid"])}
-            for concurrency in CONCURRENCY:
+            for concurrency in args.concurrency:
                 runs: dict[str, list[dict[str, Any]]] = {k: [] for k in SERVERS}
                 for r in range(args.rounds):
                     order = SERVERS[r % len(SERVERS) :] + SERVERS[: r % len(SERVERS)]
@@ -409,7 +414,7 @@ def service_shape(client: Path, extension: str, args: argparse.Namespace) -> dic
             servers = {k: stack.enter_context(server_process(k, size, extension)) for k in SHAPES}
             for info in servers.values():
                 check_bytes(info["port"], json_info)
-            for concurrency in CONCURRENCY:
+            for concurrency in args.concurrency:
                 runs: dict[str, list[dict[str, Any]]] = {k: [] for k in SHAPES}
                 for r in range(args.rounds):
                     for kind in SHAPES[r % 2 :] + SHAPES[: r % 2]:
@@ -481,14 +486,25 @@ def startup(extension: str, runs: int) -> dict[str, list[dict[str, float]]]:
 
 
 def sidecar(python: str | None, args: argparse.Namespace) -> dict[str, Any]:
-    """Row 4: ``bench_sidecar.py`` per measurement, ours then upstream's, kind by kind."""
+    """Row 4: ``bench_sidecar.py`` per measurement, ours then upstream's, kind by kind.
+
+    The smoke pass runs every kind of ours in one process and only upstream's spawn: each
+    upstream sidecar is a spawned child that imports SGLang (seconds apiece), and the spawn
+    measurement already drives upstream's start and stop.
+    """
     from bench_sidecar import KINDS
 
     script = ROOT / "scripts" / "bench_sidecar.py"
     results: dict[str, Any] = {"ours": {}, "upstream": {}}
-    for kind in KINDS:
-        runs = args.sidecar_stop_runs if kind.startswith("stop") else args.sidecar_runs
-        for impl, exe in (("ours", sys.executable), ("upstream", python)):
+    plan: list[tuple[str | None, tuple[str, ...]]] = (
+        [(None, ("ours",)), ("spawn", ("upstream",))]
+        if args.smoke
+        else [(kind, ("ours", "upstream")) for kind in KINDS]
+    )
+    for kind, impls in plan:
+        runs = args.sidecar_stop_runs if kind and kind.startswith("stop") else args.sidecar_runs
+        for impl in impls:
+            exe = sys.executable if impl == "ours" else python
             if exe is None:
                 continue
             env = dict(os.environ, PYTHONPATH=_pythonpath())
@@ -498,8 +514,7 @@ def sidecar(python: str | None, args: argparse.Namespace) -> dict[str, Any]:
                     str(script),
                     "--impl",
                     impl,
-                    "--only",
-                    kind,
+                    *(["--only", kind] if kind else []),
                     "--json",
                     "--runs",
                     str(runs),
@@ -513,21 +528,24 @@ def sidecar(python: str | None, args: argparse.Namespace) -> dict[str, Any]:
                 env=env,
             )
             if proc.returncode != 0:
-                results[impl][kind] = {"error": proc.stderr.strip().splitlines()[-1:]}
+                results[impl][kind or "all"] = {"error": proc.stderr.strip().splitlines()[-1:]}
                 continue
-            results[impl][kind] = json.loads(proc.stdout.strip().splitlines()[-1])[kind]
-        print(f"  sidecar {kind}: done", flush=True)
+            measured = json.loads(proc.stdout.strip().splitlines()[-1])
+            results[impl].update({kind: measured[kind]} if kind else measured)
+        print(f"  sidecar {kind or 'every kind'} ({', '.join(impls)}): done", flush=True)
     return results
 
 
 PLUGIN_PROBE = """
 import importlib, json, sys, time
 # What an engine process has imported before it runs load_plugins(): the plugin hooks these
-# modules, so importing them is SGLang's launch cost, not the plugin's.
-for name in ("sglang.srt.entrypoints.engine", "sglang.srt.entrypoints.http_server",
-             "sglang.srt.entrypoints.grpc_bridge", "sglang.srt.entrypoints.sidecar",
-             "sglang.srt.managers.scheduler", "sglang.srt.disaggregation.kv_events",
-             "sglang.srt.utils.common"):
+# modules, so importing them is SGLang's launch cost, not the plugin's. The smoke pass skips
+# them (argument "bare"): the row still runs, in a fraction of the time.
+ENGINE_MODULES = ("sglang.srt.entrypoints.engine", "sglang.srt.entrypoints.http_server",
+                  "sglang.srt.entrypoints.grpc_bridge", "sglang.srt.entrypoints.sidecar",
+                  "sglang.srt.managers.scheduler", "sglang.srt.disaggregation.kv_events",
+                  "sglang.srt.utils.common")
+for name in () if sys.argv[1:] == ["bare"] else ENGINE_MODULES:
     try:
         importlib.import_module(name)
     except ImportError:
@@ -553,7 +571,7 @@ print(json.dumps({"import_framework": t1 - t0, "load_plugins": t2 - t1,
 """
 
 
-def plugin_cost(python: str | None, runs: int) -> dict[str, Any]:
+def plugin_cost(python: str | None, runs: int, bare: bool = False) -> dict[str, Any]:
     """Row 5: ``load_plugins()`` with this plugin allowed vs SGLANG_PLUGINS excluding it.
 
     The installed package (as the wheel laid it out, bytecode included) is copied onto the path
@@ -581,7 +599,10 @@ def plugin_cost(python: str | None, runs: int) -> dict[str, Any]:
             for case, allowed in (("with", "sidecar_overlay"), ("without", "none_but_this")):
                 env = dict(os.environ, PYTHONPATH=path, SGLANG_PLUGINS=allowed)
                 proc = subprocess.run(
-                    [python, "-c", PLUGIN_PROBE], capture_output=True, text=True, env=env
+                    [python, "-c", PLUGIN_PROBE, *(["bare"] if bare else [])],
+                    capture_output=True,
+                    text=True,
+                    env=env,
                 )
                 if proc.returncode != 0:
                     return {"error": (proc.stderr.strip().splitlines() or ["failed"])[-1]}
@@ -823,6 +844,7 @@ def main() -> None:
         "--plugin-cost", action="store_true", help="run only row 5 and print it (no write)"
     )
     args = parser.parse_args()
+    args.concurrency = CONCURRENCY
     if args.quick:
         args.rounds, args.duration, args.warmup = 1, 0.5, 0.2
         args.startup_runs, args.sidecar_runs, args.sidecar_stop_runs = 3, 3, 1
@@ -830,6 +852,7 @@ def main() -> None:
     if args.smoke:
         args.rounds, args.duration, args.warmup = 1, 0.2, 0.05
         args.startup_runs, args.sidecar_runs, args.sidecar_stop_runs = 1, 1, 1
+        args.sidecar_shutdown_timeout, args.concurrency = 0.5, (1,)
         args.plugin_runs, args.no_write = 1, True
     command = "python scripts/bench.py " + " ".join(shlex.quote(a) for a in public_argv())
     # The package is the installed wheel (make benchmark installs it), never the source tree.
@@ -864,7 +887,7 @@ def main() -> None:
     print(f"4. sidecar supervisor (upstream side: {source})", flush=True)
     results["sidecar"] = sidecar(python, args)
     print("5. plugin cost", flush=True)
-    results["plugin"] = plugin_cost(python, args.plugin_runs)
+    results["plugin"] = plugin_cost(python, args.plugin_runs, bare=args.smoke)
     print("6. hand-framed vs generated GetServerInfo service", flush=True)
     results["service_shape"] = service_shape(client, extension, args)
     text = render(results, command.strip())
