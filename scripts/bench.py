@@ -21,7 +21,12 @@ numbers move with whatever else the machine is doing.
    generated server returning the pre-encoded message (``ours-generated``), same load as row 1.
    ``--service-shape`` runs only this row and prints it.
 
-``--plugin-cost`` runs only row 5 and prints it (nothing written).
+7. Leader ``GetServerInfo`` per call on 0.5.22+: SGLang's real ``RuntimeHandle.get_server_info``
+   with the overlay's builder hook, rebuilt on every call (the path before the reply was
+   cached) vs the overlay's cached text, alternating in one process of the SGLang env.
+
+``--plugin-cost`` runs only row 5 and ``--leader-info`` only row 7, and print it (nothing
+written).
 
 ``--smoke`` (``make test``) runs every row once, in well under a minute: tiny durations, one
 client per load point, every supervisor measurement of ours but only upstream's spawn (each
@@ -571,6 +576,18 @@ print(json.dumps({"import_framework": t1 - t0, "load_plugins": t2 - t1,
 """
 
 
+def _plugin_dist_info(site: Path) -> None:
+    """A throwaway dist-info carrying only the plugin's entry point."""
+    dist = site / "sglang_sidecar_overlay-0.0.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: sglang-sidecar-overlay\nVersion: 0.0.0\n"
+    )
+    (dist / "entry_points.txt").write_text(
+        "[sglang.srt.plugins]\nsidecar_overlay = sglang_sidecar_overlay.plugin:load\n"
+    )
+
+
 def plugin_cost(python: str | None, runs: int, bare: bool = False) -> dict[str, Any]:
     """Row 5: ``load_plugins()`` with this plugin allowed vs SGLANG_PLUGINS excluding it.
 
@@ -586,14 +603,7 @@ def plugin_cost(python: str | None, runs: int, bare: bool = False) -> dict[str, 
     out: dict[str, list[float]] = {"with": [], "without": [], "leader_launch": []}
     with tempfile.TemporaryDirectory(prefix="bench-plugin-") as site:
         shutil.copytree(installed, Path(site) / "sglang_sidecar_overlay")
-        dist = Path(site) / "sglang_sidecar_overlay-0.0.0.dist-info"
-        dist.mkdir()
-        (dist / "METADATA").write_text(
-            "Metadata-Version: 2.1\nName: sglang-sidecar-overlay\nVersion: 0.0.0\n"
-        )
-        (dist / "entry_points.txt").write_text(
-            "[sglang.srt.plugins]\nsidecar_overlay = sglang_sidecar_overlay.plugin:load\n"
-        )
+        _plugin_dist_info(Path(site))
         path = site
         for _ in range(runs):
             for case, allowed in (("with", "sidecar_overlay"), ("without", "none_but_this")):
@@ -616,6 +626,99 @@ def plugin_cost(python: str | None, runs: int, bare: bool = False) -> dict[str, 
 
 
 # --- report ------------------------------------------------------------------------------------
+
+
+LEADER_PROBE = """
+import importlib, json, sys, tempfile, time, types
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])  # test-registered/, for the harness's config-only tiny model
+from overlay_harness.cluster import write_tiny_model
+from sglang.srt.server_args import prepare_server_args
+from sglang.srt.plugins import load_plugins
+from sglang.srt.entrypoints.grpc_bridge import RuntimeHandle
+from sglang_sidecar_overlay import plugin
+from sglang_sidecar_overlay.adapters import _common
+
+calls = int(sys.argv[2])
+model = write_tiny_model(Path(tempfile.mkdtemp(prefix="bench-leader-")) / "tiny-llama")
+kv = json.dumps({"publisher": "zmq", "endpoint": "tcp://*:45557", "topic": ""})
+server_args = prepare_server_args(
+    ["--model-path", str(model), "--skip-tokenizer-init", "--device", "cpu", "--tp", "2",
+     "--dp", "2", "--enable-dp-attention", "--grpc-port", "45999", "--kv-events-config", kv])
+server_args.resolve_once()
+load_plugins()
+adapter = importlib.import_module(plugin.installed_adapter() or "")
+if not hasattr(adapter, "LEADER_JSON_ATTR") or not hasattr(adapter, "BUILD_SERVER_INFO"):
+    print(json.dumps({"error": f"{adapter.__name__} cached the reply before this row existed"}))
+    sys.exit(0)
+_common.begin_node_launch()
+sources = [{"dp_rank": r, "endpoint": f"tcp://127.0.0.1:{45557 + r}", "topic": "",
+            "block_size": 1} for r in range(2)]
+handle = RuntimeHandle.__new__(RuntimeHandle)  # its __init__ starts the tokenizer's loop
+handle.tokenizer_manager = types.SimpleNamespace(server_args=server_args, mm_processor=None)
+handle.server_args = server_args
+handle.scheduler_info = {"status": "ready", "kv_event_sources": sources}
+adapter.install_launch_hooks(["leader"])
+rebuilt = RuntimeHandle.get_server_info  # upstream's method over the builder hook
+adapter.install_launch_hooks(["leader_grpc"])
+cached = RuntimeHandle.get_server_info
+if cached(handle) != rebuilt(handle):
+    print(json.dumps({"error": "the cached reply differs from a rebuilt one"}))
+    sys.exit(0)
+out = {"rebuilt": [], "cached": [], "bytes": len(cached(handle))}
+for _ in range(5):
+    for name, method in (("rebuilt", rebuilt), ("cached", cached)):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            method(handle)
+        out[name].append((time.perf_counter() - t0) / calls)
+print(json.dumps(out))
+"""
+
+
+def leader_info(python: str | None, calls: int) -> dict[str, Any]:
+    """Row 7: the leader's GetServerInfo reply, rebuilt per call vs cached, in one process."""
+    if python is None:
+        return {"error": "no Python with SGLang"}
+    import sglang_sidecar_overlay
+
+    installed = Path(sglang_sidecar_overlay.__file__).parent
+    with tempfile.TemporaryDirectory(prefix="bench-leader-") as site:
+        shutil.copytree(installed, Path(site) / "sglang_sidecar_overlay")
+        _plugin_dist_info(Path(site))
+        env = dict(os.environ, PYTHONPATH=site, SGLANG_PLUGINS="sidecar_overlay")
+        proc = subprocess.run(
+            [python, "-c", LEADER_PROBE, str(ROOT / "test-registered"), str(calls)],
+            capture_output=True,
+            text=True,
+            env=env,
+        )
+    if proc.returncode != 0:
+        return {"error": (proc.stderr.strip().splitlines() or ["failed"])[-1]}
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _render_leader_info(results: dict[str, Any]) -> list[str]:
+    li = results.get("leader_info")
+    if li is None:
+        return []
+    lines = ["", "## 7. Leader GetServerInfo per call (0.5.22+)", ""]
+    if "error" in li:
+        return [*lines, f"Not measured: {li['error']}."]
+    rebuilt, cached = statistics.median(li["rebuilt"]), statistics.median(li["cached"])
+    return [
+        *lines,
+        "SGLang's real `RuntimeHandle.get_server_info` on a leader's launch-time state (a "
+        f"{li['bytes']}-byte reply, two KV sources), called back to back in one process: "
+        "rebuilt on every call through the overlay's builder hook (the path before the reply "
+        "was cached) vs the overlay's cached text, five alternating rounds.",
+        "",
+        "| path | median µs/call | max µs/call |",
+        "|---|---:|---:|",
+        f"| rebuilt per call | {rebuilt * 1e6:.1f} | {max(li['rebuilt']) * 1e6:.1f} |",
+        f"| cached text | {cached * 1e6:.2f} | {max(li['cached']) * 1e6:.2f} |",
+        f"| rebuilt / cached | {_ratio(rebuilt, cached)} | |",
+    ]
 
 
 def _ratio(a: float, b: float) -> str:
@@ -714,6 +817,7 @@ def render(results: dict[str, Any], command: str) -> str:
     lines += _render_sidecar(results)
     lines += _render_plugin(results)
     lines += _render_service_shape(results)
+    lines += _render_leader_info(results)
     lines += READING
     lines += ["", "## Raw results", "", "```json", json.dumps(results, indent=1), "```", ""]
     return "\n".join(lines)
@@ -843,6 +947,10 @@ def main() -> None:
     parser.add_argument(
         "--plugin-cost", action="store_true", help="run only row 5 and print it (no write)"
     )
+    parser.add_argument(
+        "--leader-info", action="store_true", help="run only row 7 and print it (no write)"
+    )
+    parser.add_argument("--leader-calls", type=int, default=2000, help="calls per round, row 7")
     args = parser.parse_args()
     args.concurrency = CONCURRENCY
     if args.quick:
@@ -853,11 +961,17 @@ def main() -> None:
         args.rounds, args.duration, args.warmup = 1, 0.2, 0.05
         args.startup_runs, args.sidecar_runs, args.sidecar_stop_runs = 1, 1, 1
         args.sidecar_shutdown_timeout, args.concurrency = 0.5, (1,)
-        args.plugin_runs, args.no_write = 1, True
+        args.plugin_runs, args.leader_calls, args.no_write = 1, 20, True
     command = "python scripts/bench.py " + " ".join(shlex.quote(a) for a in public_argv())
     # The package is the installed wheel (make benchmark installs it), never the source tree.
     sys.path.insert(0, str(ROOT / "scripts"))
 
+    if args.leader_info:
+        python, source = sglang_python(args.sglang_python)
+        print(f"7. leader GetServerInfo ({sglang_version(python) or source})", flush=True)
+        row = {"leader_info": leader_info(python, args.leader_calls)}
+        print("\n".join(_render_leader_info(row)))
+        return
     if args.plugin_cost:
         python, source = sglang_python(args.sglang_python)
         print(f"5. plugin cost ({sglang_version(python) or source})", flush=True)
@@ -890,6 +1004,8 @@ def main() -> None:
     results["plugin"] = plugin_cost(python, args.plugin_runs, bare=args.smoke)
     print("6. hand-framed vs generated GetServerInfo service", flush=True)
     results["service_shape"] = service_shape(client, extension, args)
+    print("7. leader GetServerInfo, rebuilt per call vs cached", flush=True)
+    results["leader_info"] = leader_info(python, args.leader_calls)
     text = render(results, command.strip())
     print(text.split("\n## Raw results")[0])
     if args.smoke:

@@ -6,8 +6,9 @@ reads the installed SGLang version (without importing SGLang), picks the adapter
 API generation and registers the hooks this process's role needs with SGLang's
 ``HookRegistry``; ``load_plugins()`` applies them right after. Each hooked target costs a
 walk over every loaded module, so the engine process registers one hook here and the rest
-when a launch tells it the node's role (``adapters/_hooks.py``). An unsupported version gets one warning naming the supported
-range and nothing is installed. Calling ``load`` again in the same process does nothing.
+when a launch tells it the node's role (``adapters/_hooks.py``). An unsupported version
+gets one warning naming the supported range and nothing is installed. Calling ``load``
+again in the same process does nothing.
 ``SGLANG_PLUGINS`` allow-listing is SGLang's own: a list without ``sidecar_overlay`` means
 ``load`` is never called.
 """

@@ -7,14 +7,21 @@ redaction, legacy ``dp_size`` switch, health):
 
 - ``sglang.srt.utils.common.build_server_info``: the core builder, for the leader's gRPC
   ``GetServerInfo`` and HTTP ``/server_info`` alike (upstream's propagation fixes the
-  ``from … import`` copies in ``grpc_bridge`` and ``http_server``);
+  ``from … import`` copies in ``grpc_bridge`` and ``http_server``); HTTP stays per request,
+  because upstream merges live values (``internal_states``) into that body;
+- ``RuntimeHandle.get_server_info`` (native gRPC ``GetServerInfo`` on the leader): upstream's
+  reply (the core builder's, redacted, plus ``grpc_features``) built on the first call and
+  served as cached text for the rest of the launch. Everything in it is fixed at launch:
+  ``resolved_dict()`` reads the server args record, not the config overrides a weight update
+  records, the ready info is the launch's, and the media features come from the model;
 - ``sglang.srt.utils.common.start_follower_grpc_server``: the native follower server with
   grpc.health.v1, bound to the node's scheduler processes; upstream's follower branch still
   reaps the schedulers when it raises and stops it on exit and in ``Engine.shutdown``;
 - ``Engine._launch_scheduler_processes``: the one hook ``load_plugins()`` registers in the
   engine process (``_hooks``). It begins the launch's incarnation, installs the hooks above
-  that the node's role needs (the builder and, with ``--sidecar``, the leader sidecar on the
-  leader; the follower server on a native-gRPC follower), tells the schedulers it spawns
+  that the node's role needs (the builder, with native gRPC the cached ``GetServerInfo``, and
+  with ``--sidecar`` the leader sidecar on the leader; the follower server on a native-gRPC
+  follower), tells the schedulers it spawns
   which hooks they need, and records the launch's processes for the follower server.
 
 In scheduler processes of a prefill node, the prefill sender registers and checks the
@@ -35,6 +42,8 @@ logger = logging.getLogger("sglang_sidecar_overlay.adapters.v0_5_22")
 
 BUILD_SERVER_INFO = "sglang.srt.utils.common.build_server_info"
 START_FOLLOWER = "sglang.srt.utils.common.start_follower_grpc_server"
+LEADER_SERVER_INFO = "sglang.srt.entrypoints.grpc_bridge.RuntimeHandle.get_server_info"
+LEADER_JSON_ATTR = "_sidecar_overlay_server_info_json"
 LAUNCH_SCHEDULERS = "sglang.srt.entrypoints.engine.Engine._launch_scheduler_processes"
 
 
@@ -81,17 +90,30 @@ def around_start_follower(
     return _common.start_node_follower(server_args, scheduler_info, current_launch.scheduler_pids())
 
 
+def around_leader_server_info(original: Any, handle: Any, *args: Any, **kwargs: Any) -> str:
+    """The leader's ``json_info``: upstream's reply, built once per launch, then cached text."""
+    if _sglang.rust_server_enabled():
+        return original(handle, *args, **kwargs)
+    cached = getattr(handle, LEADER_JSON_ATTR, None)
+    if cached is None:
+        cached = original(handle, *args, **kwargs)
+        setattr(handle, LEADER_JSON_ATTR, cached)
+    return cached
+
+
 def launch_groups() -> list[str]:
     """The launch-time hook groups this node's role needs (read from the published config)."""
     if _sglang.node_rank() >= 1:
         return ["follower"] if _sglang.native_grpc_enabled() else []
     module, _ = _sglang.sidecar_config()
-    return ["leader", "leader_sidecar"] if module else ["leader"]
+    grpc = ["leader_grpc"] if _sglang.native_grpc_enabled() else []
+    return ["leader", *grpc, *(["leader_sidecar"] if module else [])]
 
 
 def _launch_hooks(names: list[str]) -> dict[str, tuple[_hooks.Hook, ...]]:
     groups = {
         "leader": (_hooks.Hook(BUILD_SERVER_INFO, around_build_server_info, "AROUND"),),
+        "leader_grpc": (_hooks.Hook(LEADER_SERVER_INFO, around_leader_server_info, "AROUND"),),
         "follower": (_hooks.Hook(START_FOLLOWER, around_start_follower, "AROUND"),),
     }
     if "leader_sidecar" in names:
