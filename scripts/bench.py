@@ -659,15 +659,16 @@ handle.tokenizer_manager = types.SimpleNamespace(server_args=server_args, mm_pro
 handle.server_args = server_args
 handle.scheduler_info = {"status": "ready", "kv_event_sources": sources}
 adapter.install_launch_hooks(["leader"])
-rebuilt = RuntimeHandle.get_server_info  # upstream's method over the builder hook
+# Kept in a dict: the registry rebinds module globals that hold a patched function.
+paths = {"rebuilt": RuntimeHandle.get_server_info}  # upstream's method over the builder hook
 adapter.install_launch_hooks(["leader_grpc"])
-cached = RuntimeHandle.get_server_info
-if cached(handle) != rebuilt(handle):
+paths["cached"] = RuntimeHandle.get_server_info
+if paths["cached"] is paths["rebuilt"] or paths["cached"](handle) != paths["rebuilt"](handle):
     print(json.dumps({"error": "the cached reply differs from a rebuilt one"}))
     sys.exit(0)
-out = {"rebuilt": [], "cached": [], "bytes": len(cached(handle))}
+out = {"rebuilt": [], "cached": [], "bytes": len(paths["cached"](handle))}
 for _ in range(5):
-    for name, method in (("rebuilt", rebuilt), ("cached", cached)):
+    for name, method in paths.items():
         t0 = time.perf_counter()
         for _ in range(calls):
             method(handle)
@@ -950,7 +951,7 @@ def main() -> None:
     parser.add_argument(
         "--leader-info", action="store_true", help="run only row 7 and print it (no write)"
     )
-    parser.add_argument("--leader-calls", type=int, default=2000, help="calls per round, row 7")
+    parser.add_argument("--leader-calls", type=int, default=200, help="calls per round, row 7")
     args = parser.parse_args()
     args.concurrency = CONCURRENCY
     if args.quick:
