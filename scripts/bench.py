@@ -568,8 +568,8 @@ if overlay_modules:
     adapter = importlib.import_module(plugin.installed_adapter())
     from sglang_sidecar_overlay.adapters import _common
     _common.begin_node_launch()
-    adapter.install_launch_hooks(["leader"] if hasattr(adapter, "BUILD_SERVER_INFO")
-                                 else ["leader_grpc"])
+    leader = ["leader"] if hasattr(adapter, "BUILD_SERVER_INFO") else []
+    adapter.install_launch_hooks([*leader, "leader_grpc"])
     launch = time.perf_counter() - t2
 print(json.dumps({"import_framework": t1 - t0, "load_plugins": t2 - t1,
                   "leader_launch": launch, "overlay_modules": overlay_modules}))
