@@ -14,8 +14,8 @@ rest when a launch starts; schedulers register what their launch exported):
   0.5.22–0.5.23);
 - engine process: ``Engine._launch_scheduler_processes`` begins the launch's incarnation,
   installs the launch's hooks, opens the side channel before the schedulers spawn and wraps
-  ``wait_for_ready`` (aggregate with the core; on a follower,
-  start the native metadata server, reaping the schedulers if it cannot bind) and
+  ``wait_for_ready`` (aggregate with the core; on a follower, start the native metadata
+  server, reaping the schedulers if it cannot bind) and
   ``block_until_scheduler_exits`` (stop it); on a native-gRPC follower ``Engine.shutdown``
   stops it too;
 - leader with native gRPC: ``RuntimeHandle.get_server_info`` (``GetServerInfo``) answers

@@ -21,8 +21,8 @@ redaction, legacy ``dp_size`` switch, health):
   engine process (``_hooks``). It begins the launch's incarnation, installs the hooks above
   that the node's role needs (the builder, with native gRPC the cached ``GetServerInfo``, and
   with ``--sidecar`` the leader sidecar on the leader; the follower server on a native-gRPC
-  follower), tells the schedulers it spawns
-  which hooks they need, and records the launch's processes for the follower server.
+  follower), tells the schedulers it spawns which hooks they need, and records the launch's
+  processes for the follower server.
 
 In scheduler processes of a prefill node, the prefill sender registers and checks the
 bootstrap DP rank, the replica's under ordinary DP (``_disagg_dp_rank``, shared with
