@@ -21,6 +21,18 @@ numbers move with whatever else the machine is doing.
    generated server returning the pre-encoded message (``ours-generated``), same load as row 1.
    ``--service-shape`` runs only this row and prints it.
 
+7. Leader ``GetServerInfo`` per call on 0.5.22+: SGLang's real ``RuntimeHandle.get_server_info``
+   with the overlay's builder hook, rebuilt on every call (the path before the reply was
+   cached) vs the overlay's cached text, alternating in one process of the SGLang env.
+
+``--plugin-cost`` runs only row 5 and ``--leader-info`` only row 7, and print it (nothing
+written).
+
+``--smoke`` (``make test``) runs every row once, in well under a minute: tiny durations, one
+client per load point, every supervisor measurement of ours but only upstream's spawn (each
+upstream sidecar child imports SGLang), the plugin row without the engine pre-imports (its
+figures mean nothing there), nothing written; exit 1 if a row failed.
+
 Downloads go to ``$SGLANG_OVERLAY_CACHE/bench`` (default ``~/.cache/sglang-sidecar-overlay``).
 """
 
@@ -380,7 +392,7 @@ def throughput(client: Path, extension: str, args: argparse.Namespace) -> dict[s
                 check_bytes(info["port"], json_info)
                 if label == "20 KB":
                     memory[kind] = {"before": info["before"], "idle": proc_status(info["pid"])}
-            for concurrency in CONCURRENCY:
+            for concurrency in args.concurrency:
                 runs: dict[str, list[dict[str, Any]]] = {k: [] for k in SERVERS}
                 for r in range(args.rounds):
                     order = SERVERS[r % len(SERVERS) :] + SERVERS[: r % len(SERVERS)]
@@ -407,7 +419,7 @@ def service_shape(client: Path, extension: str, args: argparse.Namespace) -> dic
             servers = {k: stack.enter_context(server_process(k, size, extension)) for k in SHAPES}
             for info in servers.values():
                 check_bytes(info["port"], json_info)
-            for concurrency in CONCURRENCY:
+            for concurrency in args.concurrency:
                 runs: dict[str, list[dict[str, Any]]] = {k: [] for k in SHAPES}
                 for r in range(args.rounds):
                     for kind in SHAPES[r % 2 :] + SHAPES[: r % 2]:
@@ -479,14 +491,25 @@ def startup(extension: str, runs: int) -> dict[str, list[dict[str, float]]]:
 
 
 def sidecar(python: str | None, args: argparse.Namespace) -> dict[str, Any]:
-    """Row 4: ``bench_sidecar.py`` per measurement, ours then upstream's, kind by kind."""
+    """Row 4: ``bench_sidecar.py`` per measurement, ours then upstream's, kind by kind.
+
+    The smoke pass runs every kind of ours in one process and only upstream's spawn: each
+    upstream sidecar is a spawned child that imports SGLang (seconds apiece), and the spawn
+    measurement already drives upstream's start and stop.
+    """
     from bench_sidecar import KINDS
 
     script = ROOT / "scripts" / "bench_sidecar.py"
     results: dict[str, Any] = {"ours": {}, "upstream": {}}
-    for kind in KINDS:
-        runs = args.sidecar_stop_runs if kind.startswith("stop") else args.sidecar_runs
-        for impl, exe in (("ours", sys.executable), ("upstream", python)):
+    plan: list[tuple[str | None, tuple[str, ...]]] = (
+        [(None, ("ours",)), ("spawn", ("upstream",))]
+        if args.smoke
+        else [(kind, ("ours", "upstream")) for kind in KINDS]
+    )
+    for kind, impls in plan:
+        runs = args.sidecar_stop_runs if kind and kind.startswith("stop") else args.sidecar_runs
+        for impl in impls:
+            exe = sys.executable if impl == "ours" else python
             if exe is None:
                 continue
             env = dict(os.environ, PYTHONPATH=_pythonpath())
@@ -496,8 +519,7 @@ def sidecar(python: str | None, args: argparse.Namespace) -> dict[str, Any]:
                     str(script),
                     "--impl",
                     impl,
-                    "--only",
-                    kind,
+                    *(["--only", kind] if kind else []),
                     "--json",
                     "--runs",
                     str(runs),
@@ -511,21 +533,24 @@ def sidecar(python: str | None, args: argparse.Namespace) -> dict[str, Any]:
                 env=env,
             )
             if proc.returncode != 0:
-                results[impl][kind] = {"error": proc.stderr.strip().splitlines()[-1:]}
+                results[impl][kind or "all"] = {"error": proc.stderr.strip().splitlines()[-1:]}
                 continue
-            results[impl][kind] = json.loads(proc.stdout.strip().splitlines()[-1])[kind]
-        print(f"  sidecar {kind}: done", flush=True)
+            measured = json.loads(proc.stdout.strip().splitlines()[-1])
+            results[impl].update({kind: measured[kind]} if kind else measured)
+        print(f"  sidecar {kind or 'every kind'} ({', '.join(impls)}): done", flush=True)
     return results
 
 
 PLUGIN_PROBE = """
 import importlib, json, sys, time
 # What an engine process has imported before it runs load_plugins(): the plugin hooks these
-# modules, so importing them is SGLang's launch cost, not the plugin's.
-for name in ("sglang.srt.entrypoints.engine", "sglang.srt.entrypoints.http_server",
-             "sglang.srt.entrypoints.grpc_bridge", "sglang.srt.entrypoints.sidecar",
-             "sglang.srt.managers.scheduler", "sglang.srt.disaggregation.kv_events",
-             "sglang.srt.utils.common"):
+# modules, so importing them is SGLang's launch cost, not the plugin's. The smoke pass skips
+# them (argument "bare"): the row still runs, in a fraction of the time.
+ENGINE_MODULES = ("sglang.srt.entrypoints.engine", "sglang.srt.entrypoints.http_server",
+                  "sglang.srt.entrypoints.grpc_bridge", "sglang.srt.entrypoints.sidecar",
+                  "sglang.srt.managers.scheduler", "sglang.srt.disaggregation.kv_events",
+                  "sglang.srt.utils.common")
+for name in () if sys.argv[1:] == ["bare"] else ENGINE_MODULES:
     try:
         importlib.import_module(name)
     except ImportError:
@@ -535,13 +560,35 @@ import sglang.srt.plugins as plugins
 t1 = time.perf_counter()
 plugins.load_plugins()
 t2 = time.perf_counter()
+overlay_modules = sorted(m for m in sys.modules if m.startswith("sglang_sidecar_overlay"))
+launch = None
+if overlay_modules:
+    # What the launch hook adds on a leader (native gRPC, no --sidecar) once a launch starts.
+    from sglang_sidecar_overlay import plugin
+    adapter = importlib.import_module(plugin.installed_adapter())
+    from sglang_sidecar_overlay.adapters import _common
+    _common.begin_node_launch()
+    leader = ["leader"] if hasattr(adapter, "BUILD_SERVER_INFO") else []
+    adapter.install_launch_hooks([*leader, "leader_grpc"])
+    launch = time.perf_counter() - t2
 print(json.dumps({"import_framework": t1 - t0, "load_plugins": t2 - t1,
-                  "overlay_modules": sorted(m for m in sys.modules
-                                            if m.startswith("sglang_sidecar_overlay"))}))
+                  "leader_launch": launch, "overlay_modules": overlay_modules}))
 """
 
 
-def plugin_cost(python: str | None, runs: int) -> dict[str, Any]:
+def _plugin_dist_info(site: Path) -> None:
+    """A throwaway dist-info carrying only the plugin's entry point."""
+    dist = site / "sglang_sidecar_overlay-0.0.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: sglang-sidecar-overlay\nVersion: 0.0.0\n"
+    )
+    (dist / "entry_points.txt").write_text(
+        "[sglang.srt.plugins]\nsidecar_overlay = sglang_sidecar_overlay.plugin:load\n"
+    )
+
+
+def plugin_cost(python: str | None, runs: int, bare: bool = False) -> dict[str, Any]:
     """Row 5: ``load_plugins()`` with this plugin allowed vs SGLANG_PLUGINS excluding it.
 
     The installed package (as the wheel laid it out, bytecode included) is copied onto the path
@@ -553,23 +600,19 @@ def plugin_cost(python: str | None, runs: int) -> dict[str, Any]:
     import sglang_sidecar_overlay
 
     installed = Path(sglang_sidecar_overlay.__file__).parent
-    out: dict[str, list[float]] = {"with": [], "without": []}
+    out: dict[str, list[float]] = {"with": [], "without": [], "leader_launch": []}
     with tempfile.TemporaryDirectory(prefix="bench-plugin-") as site:
         shutil.copytree(installed, Path(site) / "sglang_sidecar_overlay")
-        dist = Path(site) / "sglang_sidecar_overlay-0.0.0.dist-info"
-        dist.mkdir()
-        (dist / "METADATA").write_text(
-            "Metadata-Version: 2.1\nName: sglang-sidecar-overlay\nVersion: 0.0.0\n"
-        )
-        (dist / "entry_points.txt").write_text(
-            "[sglang.srt.plugins]\nsidecar_overlay = sglang_sidecar_overlay.plugin:load\n"
-        )
+        _plugin_dist_info(Path(site))
         path = site
         for _ in range(runs):
             for case, allowed in (("with", "sidecar_overlay"), ("without", "none_but_this")):
                 env = dict(os.environ, PYTHONPATH=path, SGLANG_PLUGINS=allowed)
                 proc = subprocess.run(
-                    [python, "-c", PLUGIN_PROBE], capture_output=True, text=True, env=env
+                    [python, "-c", PLUGIN_PROBE, *(["bare"] if bare else [])],
+                    capture_output=True,
+                    text=True,
+                    env=env,
                 )
                 if proc.returncode != 0:
                     return {"error": (proc.stderr.strip().splitlines() or ["failed"])[-1]}
@@ -577,10 +620,106 @@ def plugin_cost(python: str | None, runs: int) -> dict[str, Any]:
                 if case == "with" and not result["overlay_modules"]:
                     return {"error": "the plugin was not loaded by load_plugins()"}
                 out[case].append(result["load_plugins"])
+                if case == "with":
+                    out["leader_launch"].append(result["leader_launch"])
     return out
 
 
 # --- report ------------------------------------------------------------------------------------
+
+
+LEADER_PROBE = """
+import importlib, json, sys, tempfile, time, types
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])  # test-registered/, for the harness's config-only tiny model
+from overlay_harness.cluster import write_tiny_model
+from sglang.srt.server_args import prepare_server_args
+from sglang.srt.plugins import load_plugins
+from sglang.srt.entrypoints.grpc_bridge import RuntimeHandle
+from sglang_sidecar_overlay import plugin
+from sglang_sidecar_overlay.adapters import _common
+
+calls = int(sys.argv[2])
+model = write_tiny_model(Path(tempfile.mkdtemp(prefix="bench-leader-")) / "tiny-llama")
+kv = json.dumps({"publisher": "zmq", "endpoint": "tcp://*:45557", "topic": ""})
+server_args = prepare_server_args(
+    ["--model-path", str(model), "--skip-tokenizer-init", "--device", "cpu", "--tp", "2",
+     "--dp", "2", "--enable-dp-attention", "--grpc-port", "45999", "--kv-events-config", kv])
+server_args.resolve_once()
+load_plugins()
+adapter = importlib.import_module(plugin.installed_adapter() or "")
+if not hasattr(adapter, "LEADER_JSON_ATTR") or not hasattr(adapter, "BUILD_SERVER_INFO"):
+    print(json.dumps({"error": f"{adapter.__name__} cached the reply before this row existed"}))
+    sys.exit(0)
+_common.begin_node_launch()
+sources = [{"dp_rank": r, "endpoint": f"tcp://127.0.0.1:{45557 + r}", "topic": "",
+            "block_size": 1} for r in range(2)]
+handle = RuntimeHandle.__new__(RuntimeHandle)  # its __init__ starts the tokenizer's loop
+handle.tokenizer_manager = types.SimpleNamespace(server_args=server_args, mm_processor=None)
+handle.server_args = server_args
+handle.scheduler_info = {"status": "ready", "kv_event_sources": sources}
+adapter.install_launch_hooks(["leader"])
+# Kept in a dict: the registry rebinds module globals that hold a patched function.
+paths = {"rebuilt": RuntimeHandle.get_server_info}  # upstream's method over the builder hook
+adapter.install_launch_hooks(["leader_grpc"])
+paths["cached"] = RuntimeHandle.get_server_info
+if paths["cached"] is paths["rebuilt"] or paths["cached"](handle) != paths["rebuilt"](handle):
+    print(json.dumps({"error": "the cached reply differs from a rebuilt one"}))
+    sys.exit(0)
+out = {"rebuilt": [], "cached": [], "bytes": len(paths["cached"](handle))}
+for _ in range(5):
+    for name, method in paths.items():
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            method(handle)
+        out[name].append((time.perf_counter() - t0) / calls)
+print(json.dumps(out))
+"""
+
+
+def leader_info(python: str | None, calls: int) -> dict[str, Any]:
+    """Row 7: the leader's GetServerInfo reply, rebuilt per call vs cached, in one process."""
+    if python is None:
+        return {"error": "no Python with SGLang"}
+    import sglang_sidecar_overlay
+
+    installed = Path(sglang_sidecar_overlay.__file__).parent
+    with tempfile.TemporaryDirectory(prefix="bench-leader-") as site:
+        shutil.copytree(installed, Path(site) / "sglang_sidecar_overlay")
+        _plugin_dist_info(Path(site))
+        env = dict(os.environ, PYTHONPATH=site, SGLANG_PLUGINS="sidecar_overlay")
+        proc = subprocess.run(
+            [python, "-c", LEADER_PROBE, str(ROOT / "test-registered"), str(calls)],
+            capture_output=True,
+            text=True,
+            env=env,
+        )
+    if proc.returncode != 0:
+        return {"error": (proc.stderr.strip().splitlines() or ["failed"])[-1]}
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _render_leader_info(results: dict[str, Any]) -> list[str]:
+    li = results.get("leader_info")
+    if li is None:
+        return []
+    lines = ["", "## 7. Leader GetServerInfo per call (0.5.22+)", ""]
+    if "error" in li:
+        return [*lines, f"Not measured: {li['error']}."]
+    rebuilt, cached = statistics.median(li["rebuilt"]), statistics.median(li["cached"])
+    return [
+        *lines,
+        "SGLang's real `RuntimeHandle.get_server_info` on a leader's launch-time state (a "
+        f"{li['bytes']}-byte reply, two KV sources), called back to back in one process: "
+        "rebuilt on every call through the overlay's builder hook (the path before the reply "
+        "was cached) vs the overlay's cached text, five alternating rounds.",
+        "",
+        "| path | median µs/call | max µs/call |",
+        "|---|---:|---:|",
+        f"| rebuilt per call | {rebuilt * 1e6:.1f} | {max(li['rebuilt']) * 1e6:.1f} |",
+        f"| cached text | {cached * 1e6:.2f} | {max(li['cached']) * 1e6:.2f} |",
+        f"| rebuilt / cached | {_ratio(rebuilt, cached)} | |",
+    ]
 
 
 def _ratio(a: float, b: float) -> str:
@@ -679,6 +818,7 @@ def render(results: dict[str, Any], command: str) -> str:
     lines += _render_sidecar(results)
     lines += _render_plugin(results)
     lines += _render_service_shape(results)
+    lines += _render_leader_info(results)
     lines += READING
     lines += ["", "## Raw results", "", "```json", json.dumps(results, indent=1), "```", ""]
     return "\n".join(lines)
@@ -764,6 +904,21 @@ def _render_plugin(results: dict[str, Any]) -> list[str]:
         f"| with the plugin | {_ms(w)} | {_ms(max(pc['with']))} |",
         f"| without | {_ms(wo)} | {_ms(max(pc['without']))} |",
         f"| added by the plugin | {_ms(w - wo)} | |",
+        *(
+            [
+                f"| added when a leader's launch starts (native gRPC, no `--sidecar`) "
+                f"| {_ms(statistics.median(pc['leader_launch']))} "
+                f"| {_ms(max(pc['leader_launch']))} |"
+            ]
+            if pc.get("leader_launch")
+            else []
+        ),
+        "",
+        "Each hooked target costs SGLang's `HookRegistry` a walk over every loaded module, so "
+        "`load_plugins()` registers one hook in the engine process and the launch installs what "
+        "the node's role needs (`adapters/_hooks.py`). The last row is that second step for a "
+        "leader: the overlay's builder imported, the launch's incarnation begun, its hook "
+        "applied.",
     ]
 
 
@@ -790,7 +945,15 @@ def main() -> None:
     parser.add_argument(
         "--service-shape", action="store_true", help="run only row 6 and print it (no write)"
     )
+    parser.add_argument(
+        "--plugin-cost", action="store_true", help="run only row 5 and print it (no write)"
+    )
+    parser.add_argument(
+        "--leader-info", action="store_true", help="run only row 7 and print it (no write)"
+    )
+    parser.add_argument("--leader-calls", type=int, default=200, help="calls per round, row 7")
     args = parser.parse_args()
+    args.concurrency = CONCURRENCY
     if args.quick:
         args.rounds, args.duration, args.warmup = 1, 0.5, 0.2
         args.startup_runs, args.sidecar_runs, args.sidecar_stop_runs = 3, 3, 1
@@ -798,11 +961,23 @@ def main() -> None:
     if args.smoke:
         args.rounds, args.duration, args.warmup = 1, 0.2, 0.05
         args.startup_runs, args.sidecar_runs, args.sidecar_stop_runs = 1, 1, 1
-        args.plugin_runs, args.no_write = 1, True
+        args.sidecar_shutdown_timeout, args.concurrency = 0.5, (1,)
+        args.plugin_runs, args.leader_calls, args.no_write = 1, 20, True
     command = "python scripts/bench.py " + " ".join(shlex.quote(a) for a in public_argv())
     # The package is the installed wheel (make benchmark installs it), never the source tree.
     sys.path.insert(0, str(ROOT / "scripts"))
 
+    if args.leader_info:
+        python, source = sglang_python(args.sglang_python)
+        print(f"7. leader GetServerInfo ({sglang_version(python) or source})", flush=True)
+        row = {"leader_info": leader_info(python, args.leader_calls)}
+        print("\n".join(_render_leader_info(row)))
+        return
+    if args.plugin_cost:
+        python, source = sglang_python(args.sglang_python)
+        print(f"5. plugin cost ({sglang_version(python) or source})", flush=True)
+        print("\n".join(_render_plugin({"plugin": plugin_cost(python, args.plugin_runs)})))
+        return
     extension = str(upstream_grpc_extension())
     client = build_client()
     if args.service_shape:
@@ -827,9 +1002,11 @@ def main() -> None:
     print(f"4. sidecar supervisor (upstream side: {source})", flush=True)
     results["sidecar"] = sidecar(python, args)
     print("5. plugin cost", flush=True)
-    results["plugin"] = plugin_cost(python, args.plugin_runs)
+    results["plugin"] = plugin_cost(python, args.plugin_runs, bare=args.smoke)
     print("6. hand-framed vs generated GetServerInfo service", flush=True)
     results["service_shape"] = service_shape(client, extension, args)
+    print("7. leader GetServerInfo, rebuilt per call vs cached", flush=True)
+    results["leader_info"] = leader_info(python, args.leader_calls)
     text = render(results, command.strip())
     print(text.split("\n## Raw results")[0])
     if args.smoke:

@@ -3,9 +3,12 @@
 SGLang's ``load_plugins()`` calls ``load`` once per process that runs plugins: the launcher
 or engine process, every scheduler process and, from 0.5.22, the DP controller. ``load``
 reads the installed SGLang version (without importing SGLang), picks the adapter for that
-API generation and registers its hooks with SGLang's ``HookRegistry``; ``load_plugins()``
-applies them right after. An unsupported version gets one warning naming the supported
-range and nothing is installed. Calling ``load`` again in the same process does nothing.
+API generation and registers the hooks this process's role needs with SGLang's
+``HookRegistry``; ``load_plugins()`` applies them right after. Each hooked target costs a
+walk over every loaded module, so the engine process registers one hook here and the rest
+when a launch tells it the node's role (``adapters/_hooks.py``). An unsupported version
+gets one warning naming the supported range and nothing is installed. Calling ``load``
+again in the same process does nothing.
 ``SGLANG_PLUGINS`` allow-listing is SGLang's own: a list without ``sidecar_overlay`` means
 ``load`` is never called.
 """
@@ -34,8 +37,8 @@ def installed_adapter() -> str | None:
 
 
 def _is_main_process() -> bool:
-    # Engine-side hooks belong where the engine runs; scheduler children skip them so they
-    # never import the engine or HTTP modules just to patch them.
+    # Engine-side hooks belong where the engine runs; its children (schedulers, DP controller,
+    # detokenizer) register only what their launch exported to them.
     return multiprocessing.parent_process() is None
 
 

@@ -12,7 +12,7 @@ import logging
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from sglang_sidecar_overlay.adapters import _sglang, _sidecar
+from sglang_sidecar_overlay.adapters import _sglang
 from sglang_sidecar_overlay.contract.endpoints import is_bind_endpoint
 from sglang_sidecar_overlay.contract.incarnation import begin_launch, launch_incarnation
 from sglang_sidecar_overlay.contract.server_info import (
@@ -124,5 +124,10 @@ def start_node_follower(
     server = start_follower_server(
         str(cfg.host), int(cfg.grpc_port), render_server_info(info), scheduler_pids
     )
-    _sidecar.attach_follower_sidecar(server, info.get("kv_event_sources") or [])
+    module, _ = _sglang.sidecar_config()
+    if module is not None:
+        # Imported only where a sidecar is configured: the supervisor is most of the code.
+        from sglang_sidecar_overlay.adapters import _sidecar
+
+        _sidecar.attach_follower_sidecar(server, info.get("kv_event_sources") or [])
     return server

@@ -17,13 +17,16 @@ runs upstream's constructor unchanged, with the manager seen through a view whos
 replica's ``system_dp_rank``. Where the two agree (attention DP, a single replica, replica 0)
 the original runs with the manager itself. The sender keeps the real manager afterwards.
 
-The sender lives in scheduler processes, so the hook is registered there only.
+The sender lives in scheduler processes of a prefill node, so the hook is registered there
+only (``_hooks``: the launch exports the ``prefill_sender`` group to its children).
 """
 
 from __future__ import annotations
 
 import logging
 from typing import Any
+
+from sglang_sidecar_overlay.adapters._hooks import Hook
 
 logger = logging.getLogger("sglang_sidecar_overlay.adapters.disagg_dp_rank")
 
@@ -70,8 +73,9 @@ def around_sender_init(original: Any, sender: Any, mgr: Any, *args: Any, **kwarg
         sender.kv_mgr = mgr
 
 
-def register(registry: Any, hook_type: Any, *, main_process: bool) -> None:
-    """Hook the sender where it is built: scheduler processes, not the engine process."""
-    if main_process:
-        return
-    registry.register(SENDER_INIT, around_sender_init, hook_type.AROUND)
+def prefill_node(server_args: Any) -> bool:
+    """Whether this launch's schedulers build prefill senders."""
+    return getattr(server_args, "disaggregation_mode", None) == "prefill"
+
+
+HOOKS = (Hook(SENDER_INIT, around_sender_init, "AROUND"),)

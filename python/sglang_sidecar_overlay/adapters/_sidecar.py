@@ -36,6 +36,7 @@ import time
 from typing import Any
 
 from sglang_sidecar_overlay.adapters import _sglang
+from sglang_sidecar_overlay.adapters._hooks import Hook
 from sglang_sidecar_overlay.sidecar.supervisor import (
     SidecarOptions,
     SidecarSupervisor,
@@ -201,8 +202,9 @@ def attach_follower_sidecar(server: Any, sources: list) -> NodeSidecar | None:
     return sidecar
 
 
-def register(registry: Any, hook_type: Any, *, main_process: bool) -> None:
-    """Install the leader hook (engine process only; followers are wired by the adapters)."""
-    if main_process:
-        registry.register(START_SIDECAR, around_start_sidecar, hook_type.AROUND)
-        registry.register(SIGTERM_HANDLER, after_sigterm_handler, hook_type.AFTER)
+# A leader launched with --sidecar installs these (``_hooks``); followers are wired by the
+# adapters through attach_follower_sidecar.
+LEADER_HOOKS = (
+    Hook(START_SIDECAR, around_start_sidecar, "AROUND"),
+    Hook(SIGTERM_HANDLER, after_sigterm_handler, "AFTER"),
+)

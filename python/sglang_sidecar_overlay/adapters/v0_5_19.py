@@ -1,37 +1,40 @@
 """Adapter for SGLang 0.5.19–0.5.21, which have none of the follower metadata feature.
 
-Hooks, all through SGLang's ``HookRegistry``:
+Hooks, all through SGLang's ``HookRegistry``, each only in the processes whose role needs
+it (``_hooks``: the engine process registers the launch hook at ``load_plugins()`` and the
+rest when a launch starts; schedulers register what their launch exported):
 
-- scheduler processes: every ``ZmqEventPublisher`` records the endpoints it bound; the ready
-  message (``Scheduler.get_init_info``) carries ``kv_event_sources`` when native
-  ``--grpc-port`` is set, and each scheduler also drops them into the launch's side channel,
+- scheduler processes, with native ``--grpc-port``: every ``ZmqEventPublisher`` records the
+  endpoints it bound; the ready message (``Scheduler.get_init_info``) carries
+  ``kv_event_sources``, and each scheduler also drops them into the launch's side channel,
   because the DP controller of these releases runs no plugins and rebuilds its ready
   message without unknown keys;
-- scheduler processes: the prefill sender registers and checks the bootstrap DP rank, the
-  replica's under ordinary DP (``_disagg_dp_rank``, shared with 0.5.22–0.5.23);
-- engine process: ``Engine._launch_scheduler_processes`` opens the side channel before the
-  schedulers spawn and wraps ``wait_for_ready`` (aggregate with the core; on a follower,
-  start the native metadata server, reaping the schedulers if it cannot bind) and
-  ``block_until_scheduler_exits`` (stop it); ``Engine.shutdown`` stops it too;
-- leader: ``RuntimeHandle.get_server_info`` (native gRPC ``GetServerInfo``) answers with the
-  core builder; before ``http_server.launch_server`` serves, its ``/server_info`` route is
-  rebound to pass upstream's body through the core builder too (FastAPI bound the original
-  function when the module was imported, before any hook could run).
+- scheduler processes of a prefill node: the prefill sender registers and checks the
+  bootstrap DP rank, the replica's under ordinary DP (``_disagg_dp_rank``, shared with
+  0.5.22–0.5.23);
+- engine process: ``Engine._launch_scheduler_processes`` begins the launch's incarnation,
+  installs the launch's hooks, opens the side channel before the schedulers spawn and wraps
+  ``wait_for_ready`` (aggregate with the core; on a follower, start the native metadata
+  server, reaping the schedulers if it cannot bind) and
+  ``block_until_scheduler_exits`` (stop it); on a native-gRPC follower ``Engine.shutdown``
+  stops it too;
+- leader with native gRPC: ``RuntimeHandle.get_server_info`` (``GetServerInfo``) answers
+  with the core builder, built once per launch and served as cached text;
+- leader with ``--sidecar``: the supervisor's hooks (``_sidecar``).
+
+Not a hook: when the launch starts, ``http_server``'s ``/server_info`` route (if that module
+is loaded, i.e. ``http_server.launch_server`` is launching) is rebound to pass upstream's
+body through the core builder too (FastAPI bound the original function when the module was
+imported, before any hook could run; the app serves only after the launch).
 """
 
 from __future__ import annotations
 
 import logging
+import sys
 from typing import Any
 
-from sglang_sidecar_overlay.adapters import (
-    _common,
-    _disagg_dp_rank,
-    _sglang,
-    _side_channel,
-    _sidecar,
-)
-from sglang_sidecar_overlay.contract.server_info import render_server_info
+from sglang_sidecar_overlay.adapters import _disagg_dp_rank, _hooks, _sglang, _side_channel
 
 logger = logging.getLogger("sglang_sidecar_overlay.adapters.v0_5_19")
 
@@ -40,20 +43,28 @@ GET_INIT_INFO = "sglang.srt.managers.scheduler.Scheduler.get_init_info"
 LAUNCH_SCHEDULERS = "sglang.srt.entrypoints.engine.Engine._launch_scheduler_processes"
 ENGINE_SHUTDOWN = "sglang.srt.entrypoints.engine.Engine.shutdown"
 LEADER_SERVER_INFO = "sglang.srt.entrypoints.grpc_bridge.RuntimeHandle.get_server_info"
-HTTP_LAUNCH = "sglang.srt.entrypoints.http_server.launch_server"
+HTTP_SERVER = "sglang.srt.entrypoints.http_server"
 SERVER_INFO_PATH = "/server_info"
 
 FOLLOWER_ATTR = "grpc_server"
 LEADER_JSON_ATTR = "_sidecar_overlay_server_info_json"
 
 
+# ``_common`` (the core's builder, sources and follower server) is imported where a hook first
+# needs it: load_plugins() runs in every SGLang process, and most never reach that code.
+
+
 def after_socket_setup(result: Any, publisher: Any, *args: Any, **kwargs: Any) -> None:
+    from sglang_sidecar_overlay.adapters import _common
+
     _common.record_bound_endpoints(publisher)
 
 
 def after_get_init_info(result: dict, scheduler: Any, *args: Any, **kwargs: Any) -> dict:
     if not _sglang.native_grpc_enabled():
         return result
+    from sglang_sidecar_overlay.adapters import _common
+
     sources = _common.publisher_sources(
         getattr(scheduler, "kv_events_publisher", None), _common.scheduler_block_size(scheduler)
     )
@@ -62,13 +73,58 @@ def after_get_init_info(result: dict, scheduler: Any, *args: Any, **kwargs: Any)
     return result
 
 
+def launch_groups() -> list[str]:
+    """The launch-time hook groups this node's role needs (read from the published config)."""
+    native_grpc = _sglang.native_grpc_enabled()
+    if _sglang.node_rank() >= 1:
+        return ["follower"] if native_grpc else []
+    module, _ = _sglang.sidecar_config()
+    return (["leader_grpc"] if native_grpc else []) + (["leader_sidecar"] if module else [])
+
+
+def _launch_hooks(names: list[str]) -> dict[str, tuple[_hooks.Hook, ...]]:
+    groups = {
+        "leader_grpc": (_hooks.Hook(LEADER_SERVER_INFO, leader_server_info, "REPLACE"),),
+        "follower": (_hooks.Hook(ENGINE_SHUTDOWN, before_engine_shutdown, "BEFORE"),),
+    }
+    if "leader_sidecar" in names:
+        # Imported only where a sidecar runs: the supervisor is most of the overlay's code.
+        from sglang_sidecar_overlay.adapters import _sidecar
+
+        groups["leader_sidecar"] = _sidecar.LEADER_HOOKS
+    return groups
+
+
+def install_launch_hooks(names: list[str] | None = None) -> list[str]:
+    """Install the hooks this node's launch needs (``names``: :func:`launch_groups`) and
+    rebind the HTTP ``/server_info`` route if ``http_server`` is loaded.
+
+    Idempotent per process; returns the hook groups it added.
+    """
+    http_server = sys.modules.get(HTTP_SERVER)
+    if http_server is not None:
+        rebind_server_info_route(http_server)
+    names = launch_groups() if names is None else names
+    return _hooks.installed.install(_launch_hooks(names), names)
+
+
+def _child_groups(server_args: Any) -> list[str]:
+    groups = ["sources"] if _sglang.native_grpc_enabled() else []
+    return groups + (["prefill_sender"] if _disagg_dp_rank.prefill_node(server_args) else [])
+
+
 def around_launch_schedulers(original: Any, cls: Any, server_args: Any, *args: Any, **kwargs):
+    from sglang_sidecar_overlay.adapters import _common
+
     _common.begin_node_launch()
+    install_launch_hooks()
     if not _sglang.native_grpc_enabled():
-        return original(cls, server_args, *args, **kwargs)
+        with _hooks.exported_child_groups(_child_groups(server_args)):
+            return original(cls, server_args, *args, **kwargs)
     channel = _side_channel.SideChannel()
     try:
-        init_result, procs = original(cls, server_args, *args, **kwargs)
+        with _hooks.exported_child_groups(_child_groups(server_args)):
+            init_result, procs = original(cls, server_args, *args, **kwargs)
     except BaseException:
         channel.unexport()
         channel.remove()
@@ -78,6 +134,8 @@ def around_launch_schedulers(original: Any, cls: Any, server_args: Any, *args: A
     block_until_exit = init_result.block_until_scheduler_exits
 
     def wait_for_ready_with_sources() -> None:
+        from sglang_sidecar_overlay.adapters import _common
+
         try:
             wait_for_ready()
             infos = init_result.scheduler_infos
@@ -105,6 +163,8 @@ def around_launch_schedulers(original: Any, cls: Any, server_args: Any, *args: A
 
 
 def _start_follower(init_result: Any, server_args: Any, procs: Any) -> None:
+    from sglang_sidecar_overlay.adapters import _common
+
     pids = list(init_result.all_child_pids) or [p.pid for p in procs or []]
     try:
         server = _common.start_node_follower(server_args, init_result.scheduler_infos[0], pids)
@@ -132,16 +192,13 @@ def leader_server_info(handle: Any) -> str:
     args and ready info do not change during a launch)."""
     cached = getattr(handle, LEADER_JSON_ATTR, None)
     if cached is None:
+        from sglang_sidecar_overlay.adapters import _common
+        from sglang_sidecar_overlay.contract.server_info import render_server_info
+
         info = _common.node_server_info(handle.tokenizer_manager.server_args, handle.scheduler_info)
         cached = render_server_info(info)
         setattr(handle, LEADER_JSON_ATTR, cached)
     return cached
-
-
-def before_http_launch(*args: Any, **kwargs: Any) -> None:
-    from sglang.srt.entrypoints import http_server
-
-    rebind_server_info_route(http_server)
 
 
 def rebind_server_info_route(http_server: Any) -> None:
@@ -164,6 +221,8 @@ def rebind_server_info_route(http_server: Any) -> None:
 
 
 def _core_server_info_endpoint(upstream: Any) -> Any:
+    from sglang_sidecar_overlay.adapters import _common
+
     async def server_info() -> dict:
         return _common.rebuild_server_info(await upstream())
 
@@ -172,14 +231,20 @@ def _core_server_info_endpoint(upstream: Any) -> Any:
     return server_info
 
 
+CHILD_HOOKS = {
+    "sources": (
+        _hooks.Hook(PUBLISHER_SETUP, after_socket_setup, "AFTER"),
+        _hooks.Hook(GET_INIT_INFO, after_get_init_info, "AFTER"),
+    ),
+    "prefill_sender": _disagg_dp_rank.HOOKS,
+}
+
+
 def register(registry: Any, hook_type: Any, *, main_process: bool) -> None:
-    """Register this generation's hooks; engine-side ones only in the engine process."""
-    _sidecar.register(registry, hook_type, main_process=main_process)
-    _disagg_dp_rank.register(registry, hook_type, main_process=main_process)
-    registry.register(PUBLISHER_SETUP, after_socket_setup, hook_type.AFTER)
-    registry.register(GET_INIT_INFO, after_get_init_info, hook_type.AFTER)
+    """``load_plugins()``: the launch hook in the engine process, else the child groups."""
     if main_process:
-        registry.register(LAUNCH_SCHEDULERS, around_launch_schedulers, hook_type.AROUND)
-        registry.register(ENGINE_SHUTDOWN, before_engine_shutdown, hook_type.BEFORE)
-        registry.register(LEADER_SERVER_INFO, leader_server_info, hook_type.REPLACE)
-        registry.register(HTTP_LAUNCH, before_http_launch, hook_type.BEFORE)
+        hook = _hooks.Hook(LAUNCH_SCHEDULERS, around_launch_schedulers, "AROUND")
+        _hooks.register(registry, hook_type, [hook])
+        return
+    for name in _hooks.child_groups(CHILD_HOOKS):
+        _hooks.register(registry, hook_type, CHILD_HOOKS[name])

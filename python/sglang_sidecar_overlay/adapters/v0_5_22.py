@@ -7,14 +7,26 @@ redaction, legacy ``dp_size`` switch, health):
 
 - ``sglang.srt.utils.common.build_server_info``: the core builder, for the leader's gRPC
   ``GetServerInfo`` and HTTP ``/server_info`` alike (upstream's propagation fixes the
-  ``from … import`` copies in ``grpc_bridge`` and ``http_server``);
+  ``from … import`` copies in ``grpc_bridge`` and ``http_server``); HTTP stays per request,
+  because upstream merges live values (``internal_states``) into that body;
+- ``RuntimeHandle.get_server_info`` (native gRPC ``GetServerInfo`` on the leader): upstream's
+  reply (the core builder's, redacted, plus ``grpc_features``) built on the first call and
+  served as cached text for the rest of the launch. Everything in it is fixed at launch:
+  ``resolved_dict()`` reads the server args record, not the config overrides a weight update
+  records, the ready info is the launch's, and the media features come from the model;
 - ``sglang.srt.utils.common.start_follower_grpc_server``: the native follower server with
   grpc.health.v1, bound to the node's scheduler processes; upstream's follower branch still
   reaps the schedulers when it raises and stops it on exit and in ``Engine.shutdown``;
-- ``Engine._launch_scheduler_processes``: only observed, to learn the launch's process ids.
+- ``Engine._launch_scheduler_processes``: the one hook ``load_plugins()`` registers in the
+  engine process (``_hooks``). It begins the launch's incarnation, installs the hooks above
+  that the node's role needs (the builder, with native gRPC the cached ``GetServerInfo``, and
+  with ``--sidecar`` the leader sidecar on the leader; the follower server on a native-gRPC
+  follower), tells the schedulers it spawns which hooks they need, and records the launch's
+  processes for the follower server.
 
-In scheduler processes, the prefill sender registers and checks the bootstrap DP rank, the
-replica's under ordinary DP (``_disagg_dp_rank``, shared with 0.5.19–0.5.21).
+In scheduler processes of a prefill node, the prefill sender registers and checks the
+bootstrap DP rank, the replica's under ordinary DP (``_disagg_dp_rank``, shared with
+0.5.19–0.5.21).
 
 ``SGLANG_RUST_SERVER`` mode is left to upstream: its Rust server owns the gRPC port there.
 """
@@ -24,16 +36,38 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from sglang_sidecar_overlay.adapters import _common, _disagg_dp_rank, _sglang, _sidecar
+from sglang_sidecar_overlay.adapters import _disagg_dp_rank, _hooks, _sglang
 
 logger = logging.getLogger("sglang_sidecar_overlay.adapters.v0_5_22")
 
 BUILD_SERVER_INFO = "sglang.srt.utils.common.build_server_info"
 START_FOLLOWER = "sglang.srt.utils.common.start_follower_grpc_server"
+LEADER_SERVER_INFO = "sglang.srt.entrypoints.grpc_bridge.RuntimeHandle.get_server_info"
+LEADER_JSON_ATTR = "_sidecar_overlay_server_info_json"
 LAUNCH_SCHEDULERS = "sglang.srt.entrypoints.engine.Engine._launch_scheduler_processes"
 
-# The launch whose follower server is about to start: one launch at a time per engine process.
-_current_launch: dict[str, Any] = {}
+
+class CurrentLaunch:
+    """The engine process's launch whose follower server is about to start.
+
+    ``start_follower_grpc_server`` receives only server args and ready info; the scheduler
+    processes it must watch come from here (an engine process launches one node at a time).
+    """
+
+    def __init__(self) -> None:
+        self.init_result: Any = None
+        self.procs: list[Any] = []
+
+    def record(self, init_result: Any, procs: Any) -> None:
+        self.init_result = init_result
+        self.procs = list(procs or [])
+
+    def scheduler_pids(self) -> list[int]:
+        pids = list(getattr(self.init_result, "all_child_pids", None) or [])
+        return pids or [p.pid for p in self.procs]
+
+
+current_launch = CurrentLaunch()
 
 
 def around_build_server_info(
@@ -41,6 +75,8 @@ def around_build_server_info(
 ) -> dict:
     if _sglang.rust_server_enabled():
         return original(server_args, scheduler_info, *args, **kwargs)
+    from sglang_sidecar_overlay.adapters import _common
+
     return _common.node_server_info(server_args, scheduler_info)
 
 
@@ -49,26 +85,74 @@ def around_start_follower(
 ) -> Any:
     if _sglang.rust_server_enabled() or not _sglang.native_grpc_enabled():
         return original(server_args, scheduler_info, *args, **kwargs)
-    init_result = _current_launch.get("init_result")
-    procs = _current_launch.get("procs") or []
-    pids = list(getattr(init_result, "all_child_pids", None) or []) or [p.pid for p in procs]
-    return _common.start_node_follower(server_args, scheduler_info, pids)
+    from sglang_sidecar_overlay.adapters import _common
+
+    return _common.start_node_follower(server_args, scheduler_info, current_launch.scheduler_pids())
 
 
-def around_launch_schedulers(original: Any, cls: Any, *args: Any, **kwargs: Any):
+def around_leader_server_info(original: Any, handle: Any, *args: Any, **kwargs: Any) -> str:
+    """The leader's ``json_info``: upstream's reply, built once per launch, then cached text."""
+    if _sglang.rust_server_enabled():
+        return original(handle, *args, **kwargs)
+    cached = getattr(handle, LEADER_JSON_ATTR, None)
+    if cached is None:
+        cached = original(handle, *args, **kwargs)
+        setattr(handle, LEADER_JSON_ATTR, cached)
+    return cached
+
+
+def launch_groups() -> list[str]:
+    """The launch-time hook groups this node's role needs (read from the published config)."""
+    if _sglang.node_rank() >= 1:
+        return ["follower"] if _sglang.native_grpc_enabled() else []
+    module, _ = _sglang.sidecar_config()
+    grpc = ["leader_grpc"] if _sglang.native_grpc_enabled() else []
+    return ["leader", *grpc, *(["leader_sidecar"] if module else [])]
+
+
+def _launch_hooks(names: list[str]) -> dict[str, tuple[_hooks.Hook, ...]]:
+    groups = {
+        "leader": (_hooks.Hook(BUILD_SERVER_INFO, around_build_server_info, "AROUND"),),
+        "leader_grpc": (_hooks.Hook(LEADER_SERVER_INFO, around_leader_server_info, "AROUND"),),
+        "follower": (_hooks.Hook(START_FOLLOWER, around_start_follower, "AROUND"),),
+    }
+    if "leader_sidecar" in names:
+        # Imported only where a sidecar runs: the supervisor is most of the overlay's code.
+        from sglang_sidecar_overlay.adapters import _sidecar
+
+        groups["leader_sidecar"] = _sidecar.LEADER_HOOKS
+    return groups
+
+
+def install_launch_hooks(names: list[str] | None = None) -> list[str]:
+    """Install the hooks this node's launch needs (``names``: :func:`launch_groups`).
+
+    Idempotent per process; returns the groups it added.
+    """
+    names = launch_groups() if names is None else names
+    return _hooks.installed.install(_launch_hooks(names), names)
+
+
+def around_launch_schedulers(original: Any, cls: Any, server_args: Any, *args: Any, **kwargs):
+    from sglang_sidecar_overlay.adapters import _common
+
     _common.begin_node_launch()
-    init_result, procs = original(cls, *args, **kwargs)
-    _current_launch["init_result"] = init_result
-    _current_launch["procs"] = procs
+    install_launch_hooks()
+    children = ["prefill_sender"] if _disagg_dp_rank.prefill_node(server_args) else []
+    with _hooks.exported_child_groups(children):
+        init_result, procs = original(cls, server_args, *args, **kwargs)
+    current_launch.record(init_result, procs)
     return init_result, procs
 
 
+CHILD_HOOKS = {"prefill_sender": _disagg_dp_rank.HOOKS}
+
+
 def register(registry: Any, hook_type: Any, *, main_process: bool) -> None:
-    """Register this generation's hooks; all but the sender's live in the engine process."""
-    _sidecar.register(registry, hook_type, main_process=main_process)
-    _disagg_dp_rank.register(registry, hook_type, main_process=main_process)
-    if not main_process:
+    """``load_plugins()``: the launch hook in the engine process, else the child groups."""
+    if main_process:
+        hook = _hooks.Hook(LAUNCH_SCHEDULERS, around_launch_schedulers, "AROUND")
+        _hooks.register(registry, hook_type, [hook])
         return
-    registry.register(BUILD_SERVER_INFO, around_build_server_info, hook_type.AROUND)
-    registry.register(START_FOLLOWER, around_start_follower, hook_type.AROUND)
-    registry.register(LAUNCH_SCHEDULERS, around_launch_schedulers, hook_type.AROUND)
+    for name in _hooks.child_groups(CHILD_HOOKS):
+        _hooks.register(registry, hook_type, CHILD_HOOKS[name])

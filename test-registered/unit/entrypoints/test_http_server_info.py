@@ -3,13 +3,14 @@
 CPU-only, in process, no server socket: the plugin is loaded and its hooks applied through
 SGLang's own ``HookRegistry``; then SGLang's real ``/server_info`` route of the real FastAPI
 app is awaited with the global state a running frontend would hold (a stand-in tokenizer
-manager: it needs a model to exist for real). On 0.5.19–0.5.21 the route is rebound by the
-hook that runs before ``http_server.launch_server`` (called directly here: the real one would
-start serving); on 0.5.22+ the route calls SGLang's ``build_server_info``, which the overlay
-replaces.
+manager: it needs a model to exist for real). The plugin installs a leader's HTTP hooks when
+the launch starts (``install_launch_hooks``, called directly here: this test launches
+nothing). On 0.5.19–0.5.21 that rebinds the route; on 0.5.22+ the route calls SGLang's
+``build_server_info``, which the overlay replaces.
 """
 
 import asyncio
+import importlib
 import json
 import os
 import tempfile
@@ -50,11 +51,10 @@ class TestHttpServerInfo(CustomTestCase):
         cls.server_args.resolve_once()
         plugin.load()
         HookRegistry.apply_hooks()
-        adapter = plugin.installed_adapter() or ""
-        if adapter.endswith("v0_5_19"):
-            from sglang_sidecar_overlay.adapters import v0_5_19
-
-            v0_5_19.before_http_launch(cls.server_args)
+        adapter = importlib.import_module(plugin.installed_adapter() or "")
+        # What a leader's launch installs for HTTP /server_info (0.5.19-0.5.21: no hook, the
+        # route is rebound; 0.5.22+: the builder hook).
+        adapter.install_launch_hooks(["leader"] if hasattr(adapter, "BUILD_SERVER_INFO") else [])
 
     @classmethod
     def tearDownClass(cls):

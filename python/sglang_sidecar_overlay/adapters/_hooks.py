@@ -1,0 +1,95 @@
+"""Which hooks each SGLang process registers, and when: only what its role needs.
+
+SGLang's ``HookRegistry`` pays for every hooked target: after patching it, ``_propagate_patch``
+walks every loaded module to rebind ``from … import`` copies (about 20 ms per target in an
+engine process holding ~6,000 modules, on every supported release; methods of classes are
+walked too). So the adapters hook as few targets per process as its role needs:
+
+- **Engine process**, at ``load_plugins()``: one hook, on
+  ``Engine._launch_scheduler_processes``. When a launch starts, SGLang has published the
+  serving config, so that hook knows the node's role (leader or follower, ``--sidecar`` or
+  not, native gRPC or not) and installs this launch's hook groups through
+  :meth:`ProcessHooks.install` (``HookRegistry.register`` + ``apply_hooks()``, which skips
+  targets already patched). That is before anything they patch is called or bound: the
+  follower branch, the tokenizer manager and its SIGTERM handler, and the HTTP lifespan all
+  run after the scheduler launch.
+- **Processes the launch spawns** (schedulers, the DP controller): they inherit the
+  environment at spawn, and :func:`exported_child_groups` puts the groups they need in
+  ``CHILD_HOOKS_ENV`` for exactly that span; afterwards it holds no group, so what the
+  engine spawns later (the detokenizer, tokenizer workers) registers nothing. A process that
+  did not come from such a launch (no variable at all) registers every child group, as
+  before.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any
+
+CHILD_HOOKS_ENV = "SGLANG_SIDECAR_OVERLAY_CHILD_HOOKS"
+# How SGLang names this plugin (its entry point) and its distribution in the registry's logs.
+PLUGIN_NAME = "sidecar_overlay"
+DIST_NAME = "sglang-sidecar-overlay"
+
+
+@dataclasses.dataclass(frozen=True)
+class Hook:
+    """One ``HookRegistry`` registration: target path, hook function, ``HookType`` name."""
+
+    target: str
+    fn: Callable[..., Any]
+    kind: str
+
+
+def register(registry: Any, hook_type: Any, hooks: Iterable[Hook], **kwargs: Any) -> None:
+    for hook in hooks:
+        registry.register(hook.target, hook.fn, getattr(hook_type, hook.kind), **kwargs)
+
+
+def child_groups(all_groups: Iterable[str]) -> list[str]:
+    """The child hook groups this (non-engine) process needs, from its launch's export."""
+    exported = os.environ.get(CHILD_HOOKS_ENV)
+    if exported is None:
+        return list(all_groups)
+    return [name for name in exported.split(",") if name]
+
+
+@contextlib.contextmanager
+def exported_child_groups(names: Iterable[str]) -> Iterator[None]:
+    """Export ``names`` to the processes spawned inside the block; none to later ones."""
+    os.environ[CHILD_HOOKS_ENV] = ",".join(names)
+    try:
+        yield
+    finally:
+        os.environ[CHILD_HOOKS_ENV] = ""
+
+
+class ProcessHooks:
+    """The launch-time hook groups this process has registered and applied (each once)."""
+
+    def __init__(self) -> None:
+        self._installed: set[str] = set()
+        self._lock = threading.Lock()
+
+    def install(self, groups: Mapping[str, Sequence[Hook]], names: Iterable[str]) -> list[str]:
+        """Register the named groups not installed yet and apply them; returns those added."""
+        from sglang.srt.plugins.hook_registry import HookRegistry, HookSource, HookType
+
+        # Outside load_plugins() SGLang cannot tell whose hooks these are: say it.
+        source = HookSource(plugin_name=PLUGIN_NAME, dist_name=DIST_NAME)
+        with self._lock:
+            added = [name for name in names if name not in self._installed]
+            for name in added:
+                register(HookRegistry, HookType, groups[name], source=source)
+                self._installed.add(name)
+            if added:
+                HookRegistry.apply_hooks()
+        return added
+
+
+# The engine process's launch-time groups (a process launches one node at a time).
+installed = ProcessHooks()

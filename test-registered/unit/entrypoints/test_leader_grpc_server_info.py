@@ -1,0 +1,86 @@
+"""The leader's native gRPC ``GetServerInfo`` reply is built once per launch, then cached text.
+
+CPU-only, in process, no server socket: SGLang's real ``RuntimeHandle.get_server_info`` (what
+its Rust gRPC server calls for ``GetServerInfo``) on handles holding a leader's launch-time
+state, with the hooks a native-gRPC leader's launch installs through SGLang's own
+``HookRegistry`` (``install_launch_hooks``, called directly here: this test launches nothing).
+Each handle is made without ``__init__``, which would start the tokenizer manager's event loop;
+a stand-in tokenizer manager carries the real server args (it needs a model to exist for real).
+"""
+
+import importlib
+import json
+import tempfile
+import types
+import unittest
+from pathlib import Path
+
+import jsonschema
+from overlay_harness import cluster
+from sglang.srt.entrypoints.grpc_bridge import RuntimeHandle
+from sglang.srt.plugins.hook_registry import HookRegistry
+from sglang.srt.server_args import prepare_server_args
+from sglang.test.ci.ci_register import register_cpu_ci
+from sglang.test.test_utils import CustomTestCase
+from sglang_sidecar_overlay import plugin
+from sglang_sidecar_overlay.contract import schema
+
+register_cpu_ci(est_time=60, suite="base-a-test-cpu")
+
+SOURCES = [
+    {"dp_rank": 1, "endpoint": "tcp://127.0.0.1:45558", "topic": "", "block_size": 1},
+    {"dp_rank": 0, "endpoint": "tcp://127.0.0.1:45557", "topic": "", "block_size": 1},
+]
+
+
+class TestLeaderGrpcServerInfo(CustomTestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls._tmp = tempfile.TemporaryDirectory(prefix="overlay-model-")
+        model = cluster.write_tiny_model(Path(cls._tmp.name) / "tiny-llama")
+        kv_events = json.dumps({"publisher": "zmq", "endpoint": "tcp://*:45557", "topic": ""})
+        cls.server_args = prepare_server_args(
+            ["--model-path", str(model), "--skip-tokenizer-init", "--device", "cpu",
+             "--tp", "2", "--dp", "2", "--enable-dp-attention", "--grpc-port", "45999",
+             "--kv-events-config", kv_events]
+        )  # fmt: skip
+        cls.server_args.resolve_once()
+        plugin.load()
+        HookRegistry.apply_hooks()
+        adapter = importlib.import_module(plugin.installed_adapter() or "")
+        # A native-gRPC leader's launch-time groups (0.5.22+ also hooks the builder).
+        leader = ["leader"] if hasattr(adapter, "BUILD_SERVER_INFO") else []
+        adapter.install_launch_hooks([*leader, "leader_grpc"])
+
+    @classmethod
+    def tearDownClass(cls):
+        cls._tmp.cleanup()
+
+    def _handle(self, sources: list) -> RuntimeHandle:
+        handle = RuntimeHandle.__new__(RuntimeHandle)
+        handle.tokenizer_manager = types.SimpleNamespace(
+            server_args=self.server_args, mm_processor=None
+        )
+        handle.server_args = self.server_args
+        handle.scheduler_info = {"status": "ready", "kv_event_sources": list(sources)}
+        return handle
+
+    def test_reply_is_the_core_contract(self):
+        info = json.loads(self._handle(SOURCES).get_server_info())
+        self.assertEqual([s["dp_rank"] for s in info["kv_event_sources"]], [0, 1])
+        self.assertEqual(info["kv_event_rank_space"]["local_ranks"], [0, 1])
+        jsonschema.validate(info, schema.load_schema())
+
+    def test_reply_is_built_once_per_launch(self):
+        handle = self._handle(SOURCES)
+        first = handle.get_server_info()
+        # The launch's state changing under the handle does not reach the served text...
+        handle.scheduler_info["kv_event_sources"] = []
+        self.assertEqual(handle.get_server_info(), first)
+        # ...while another launch's handle builds its own.
+        other = json.loads(self._handle([]).get_server_info())
+        self.assertEqual(other["kv_event_sources"], [])
+
+
+if __name__ == "__main__":
+    unittest.main()
