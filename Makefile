@@ -24,20 +24,24 @@ $(PY):
 build-dev: venv
 	$(VENV)/bin/maturin develop --release --extras test
 
-# The one wheel everything here installs and tests: built by pip from the sdist (the PEP 517
-# build a source install runs), abi3 for CPython 3.10+, manylinux2014 (glibc 2.17+) through zig
-# from PyPI's ziglang; auditwheel must confirm the tag. The cargo target directory is kept
-# across builds, so a rebuild compiles only this project's crate.
+# The one wheel everything here installs and tests: built by pip from the unpacked sdist (the
+# PEP 517 build a source install runs), abi3 for CPython 3.10+, manylinux2014 (glibc 2.17+)
+# through zig from PyPI's ziglang; auditwheel must confirm the tag. The cargo target directory
+# is kept across builds; the sdist is unpacked with fresh times (the archive's are fixed), so
+# cargo rebuilds this project's crate and reruns its build script, and reuses the rest.
 SDIST_DIR := dist-sdist
+SDIST_SRC := $(SDIST_DIR)/src
 PORTABLE_TAG := manylinux_2_17_$(shell uname -m)
 wheel: venv
 	$(PIP) install --quiet ziglang auditwheel
 	rm -rf $(WHEEL_DIR) $(SDIST_DIR)
 	$(VENV)/bin/maturin sdist --out $(SDIST_DIR)
+	mkdir -p $(SDIST_SRC)
+	tar -xzf $(SDIST_DIR)/*.tar.gz -C $(SDIST_SRC) --strip-components=1 --touch
 	PATH="$(abspath $(VENV))/bin:$$PATH" CARGO_TARGET_DIR="$(abspath target)" \
 		MATURIN_PEP517_ARGS="--zig --compatibility manylinux2014" \
 		$(PIP) wheel --quiet --no-build-isolation --no-deps --wheel-dir $(WHEEL_DIR) \
-		$(SDIST_DIR)/*.tar.gz
+		./$(SDIST_SRC)
 	$(VENV)/bin/auditwheel show $(WHEEL_DIR)/*.whl | tee $(SDIST_DIR)/auditwheel.txt
 	grep -q '"$(PORTABLE_TAG)"' $(SDIST_DIR)/auditwheel.txt || \
 		{ echo "wheel is not $(PORTABLE_TAG): see $(SDIST_DIR)/auditwheel.txt"; exit 1; }
