@@ -140,7 +140,7 @@ def test_probe_checks_version_launch_and_encoding() -> None:
     info["incarnation"] = {"id": "12", "started_at": 5}
     info["kv_event_sources"][0]["encoding"] = "json"
     _, findings = check_server_info(json.dumps(info))
-    assert errors_of(findings)["incarnation"].startswith("incarnation.id must be 32 lowercase hex")
+    assert errors_of(findings)["incarnation.id"] == "'12' does not match ^[0-9a-f]{32}$"
     warnings = {f.field: f.message for f in findings if f.level == probe.WARNING}
     assert warnings["kv_event_sources[0].encoding"].startswith("'json': a consumer that decodes")
 

@@ -21,7 +21,7 @@ from sglang_sidecar_overlay.contract.redaction import (
     redact_launch_command,
     secret_name_pattern,
 )
-from sglang_sidecar_overlay.contract.schema import load_schema
+from sglang_sidecar_overlay.contract.schema import contract_validator, load_schema
 from sglang_sidecar_overlay.contract.server_info import (
     LEGACY_DP_SIZE_ENV,
     build_server_info,
@@ -40,9 +40,10 @@ LAUNCH = Incarnation(id="0123456789abcdef" * 2, started_at=1_700_000_000.25)
 
 @pytest.fixture(scope="module")
 def validator() -> jsonschema.Draft202012Validator:
+    # The validator probe uses: strict integers and numbers, the endpoint format checked.
     schema = load_schema()
     jsonschema.Draft202012Validator.check_schema(schema)
-    return jsonschema.Draft202012Validator(schema)
+    return contract_validator(schema)
 
 
 # --- legacy dp_size switch ----------------------------------------------------------------------

@@ -297,11 +297,16 @@ def _broken(sample: dict, **changes: object) -> list[probe.Finding]:
             "wildcard",
         ),
         (
+            {"kv_event_sources__1__endpoint": "tcp://[1:2]:5557"},
+            "kv_event_sources[1].endpoint",
+            "not in advertised form",
+        ),
+        (
             {"kv_event_sources__0__replay_endpoint": "ipc://rel/replay"},
             "kv_event_sources[0].replay_endpoint",
             "absolute",
         ),
-        ({"kv_event_sources__1__block_size": 0}, "kv_event_sources[1].block_size", "positive"),
+        ({"kv_event_sources__1__block_size": 0}, "kv_event_sources[1].block_size", "≥ 1"),
         ({"kv_event_sources__1__block_size": 32}, "kv_event_sources[1].block_size", "differs"),
         ({"kv_events__block_size": 32}, "kv_events.block_size", "differs"),
         ({"kv_event_sources__0__topic": 5}, "kv_event_sources[0].topic", "string"),

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import socket
 import threading
 from collections.abc import Callable, Iterator
@@ -20,6 +21,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from sglang_sidecar_overlay.contract.endpoints import endpoint_problems, normalize_endpoint
+from sglang_sidecar_overlay.contract.schema import contract_validator, load_schema
 from sglang_sidecar_overlay.tools import probe
 from sglang_sidecar_overlay.tools.probe import check_server_info, wire
 from test_cli import run_cli
@@ -58,6 +60,82 @@ def test_endpoint_problems_never_raises(value: object) -> None:
     problems = endpoint_problems(value)
     assert isinstance(problems, list)
     assert all(isinstance(problem, str) for problem in problems)
+
+
+# The schema's endpoint definition as the probe validates it, and its portable patterns alone.
+ENDPOINT_VALIDATOR = contract_validator(
+    {"$defs": load_schema()["$defs"], "$ref": "#/$defs/endpoint"}
+)
+PORTABLE_PATTERNS = [
+    re.compile(branch["pattern"]) for branch in load_schema()["$defs"]["endpoint"]["anyOf"]
+]
+ADVERTISABLE = st.one_of(
+    st.builds(
+        lambda address, port: f"tcp://[{address}]:{port}",
+        st.ip_addresses(v=6).map(str),
+        st.integers(-1, 70000),
+    ),
+    st.builds(
+        lambda address, port: f"tcp://{address}:{port}",
+        st.ip_addresses(v=4).map(str),
+        st.integers(-1, 70000),
+    ),
+    st.builds(lambda path: "ipc://" + path, st.text(alphabet="/.a@\n\x00 ", max_size=10)),
+    st.builds(
+        lambda host, zone, port: f"tcp://[{host}%{zone}]:{port}",
+        st.sampled_from(["fe80::1", "::", "1:2", "::ffff:0.0.0.0", "::1"]),
+        st.text(alphabet="ab0.-_%", max_size=4),
+        st.integers(0, 70000),
+    ),
+)
+
+
+@settings(max_examples=2000, deadline=None)
+@given(st.one_of(ENDPOINT_TEXT, ADVERTISABLE))
+def test_schema_endpoint_grammar_is_endpoint_problems(text: str) -> None:
+    # One rule: the schema (patterns + format) accepts exactly what endpoint_problems accepts,
+    # and the portable patterns alone never reject a dialable endpoint.
+    dialable = endpoint_problems(text) == []
+    assert ENDPOINT_VALIDATOR.is_valid(text) == dialable
+    if dialable:
+        assert any(pattern.search(text) for pattern in PORTABLE_PATTERNS)
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "dialable"),
+    [
+        ("tcp://127.0.0.1:5557", True),
+        ("tcp://[::1]:5557", True),
+        ("tcp://[fe80::1%eth0]:1", True),
+        ("tcp://[::ffff:10.0.0.1]:65535", True),
+        ("tcp://node-3.cluster:1", True),
+        ("ipc:///tmp/a", True),
+        ("ipc:///", True),
+        ("ipc://@x", True),
+        ("tcp://*:5557", False),
+        ("tcp://0.0.0.0:5557", False),
+        ("tcp://[::]:5557", False),
+        ("tcp://[::0]:5557", False),
+        ("tcp://[::ffff:0.0.0.0]:5557", False),
+        ("tcp://[1:2]:5557", False),
+        ("tcp://[fe80::1%]:5557", False),
+        ("tcp://h:0", False),
+        ("tcp://h:05", False),
+        ("tcp://h:65536", False),
+        ("tcp://h:5\n", False),
+        ("tcp://::1:5557", False),
+        ("tcp://user@h:1", False),
+        ("ipc://rel.sock", False),
+        ("ipc:///a/../b", False),
+        ("ipc:///a/", False),
+        ("ipc://@", False),
+        ("inproc://events", False),
+        ("udp://h:1", False),
+    ],
+)
+def test_schema_and_endpoint_problems_agree_on_a_table(endpoint: str, dialable: bool) -> None:
+    assert (endpoint_problems(endpoint) == []) is dialable
+    assert ENDPOINT_VALIDATOR.is_valid(endpoint) is dialable
 
 
 # --- checks on arbitrary JSON -------------------------------------------------------------------
@@ -136,6 +214,33 @@ def test_deep_nesting_is_one_error_not_a_recursion(depth: int) -> None:
     assert info is None
     assert [(f.level, f.check) for f in findings] == [("error", "json")]
     assert "nest" in findings[0].message
+
+
+@pytest.mark.parametrize("started_at", [2**40, 1e300, 1.7e308])
+def test_a_launch_time_past_the_calendar_is_shown_not_raised(started_at: float) -> None:
+    info = {"contract_version": 2, "incarnation": {"id": "a" * 32, "started_at": started_at}}
+    _, findings = check_server_info(json.dumps(info))
+    shown = [f.message for f in findings if f.field == "incarnation" and f.level == "ok"]
+    assert len(shown) == 1 and "not" not in shown[0]
+
+
+def test_bad_values_are_shown_short_on_one_line() -> None:
+    huge = "x\n" * 500_000
+    info = {
+        "node_rank": [huge],
+        "launch_command": {"a": huge},
+        "contract_version": huge,
+        "incarnation": {"id": huge, "started_at": 1},
+        "kv_event_sources": [{"dp_rank": 0, "endpoint": "tcp://" + huge, "topic": huge}],
+        "kv_event_rank_space": {"size": 1, "local_ranks": [huge], "extra": 1},
+    }
+    _, findings = check_server_info(json.dumps(info))
+    errors = {f.field: f.message for f in findings if f.level == "error"}
+    for field in ("node_rank", "launch_command", "contract_version", "incarnation.id"):
+        assert field in errors, errors
+    assert "kv_event_sources[0].endpoint" in errors and "kv_event_rank_space" in errors
+    for message in errors.values():
+        assert "\n" not in message and len(message) < 400, message
 
 
 # --- hostile servers through the CLI ------------------------------------------------------------

@@ -399,11 +399,11 @@ def test_sigterm_hook_stops_node_sidecars_gracefully(supervise, tmp_path) -> Non
     sidecar = node_sidecars.NodeSidecar(sup, "leader")
     sidecar.start()
     read_report(report)
-    assert sidecar in node_sidecars._running
+    assert sidecar in node_sidecars.RUNNING
     node_sidecars.after_sigterm_handler(None, object())
     assert wait_for(lambda: sidecar.stopped_at is not None, 10)  # the hook alone stops it
     sidecar.stop()  # the lifespan's call: a no-op now
     assert sup.pid is None and not sup.is_alive()
     assert Path(f"{report}.term").exists()  # SIGTERM and its grace, not a SIGKILL
     assert fatal.calls == []
-    assert sidecar not in node_sidecars._running
+    assert sidecar not in node_sidecars.RUNNING

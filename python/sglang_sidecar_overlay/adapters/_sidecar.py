@@ -55,17 +55,54 @@ def quit_server(description: str) -> None:
     os.kill(os.getpid(), signal.SIGQUIT)
 
 
-# Sidecars started in this process and not stopped yet: what SIGTERM has to stop.
-_running: set[NodeSidecar] = set()
-_running_lock = threading.Lock()
+class RunningSidecars:
+    """The sidecars started in this process and not stopped yet: what SIGTERM has to stop.
+
+    One instance per engine process, :data:`RUNNING`, owned by this module. It is
+    process-wide because its three users are module functions SGLang calls with no state of
+    ours: the ``start_sidecar`` AROUND hook (leader), ``attach_follower_sidecar`` (called from
+    the follower branch of the engine's launch) and the SIGTERM AFTER hook that stops them.
+    A :class:`NodeSidecar` adds itself once started and removes itself once stopped.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._sidecars: set[NodeSidecar] = set()
+
+    def add(self, sidecar: NodeSidecar) -> None:
+        with self._lock:
+            self._sidecars.add(sidecar)
+
+    def discard(self, sidecar: NodeSidecar) -> None:
+        with self._lock:
+            self._sidecars.discard(sidecar)
+
+    def __contains__(self, sidecar: object) -> bool:
+        with self._lock:
+            return sidecar in self._sidecars
+
+    def snapshot(self) -> list[NodeSidecar]:
+        """The running sidecars now (a copy: stopping one changes the set)."""
+        with self._lock:
+            return list(self._sidecars)
+
+
+RUNNING = RunningSidecars()
 
 
 class NodeSidecar:
-    """One supervised sidecar of this node, with the ``stop()`` upstream's lifespan calls."""
+    """One supervised sidecar of this node, with the ``stop()`` upstream's lifespan calls.
 
-    def __init__(self, supervisor: SidecarSupervisor, role: str) -> None:
+    ``running`` is the registry the sidecar joins while it runs (this process's
+    :data:`RUNNING` unless a caller owns its own).
+    """
+
+    def __init__(
+        self, supervisor: SidecarSupervisor, role: str, running: RunningSidecars | None = None
+    ) -> None:
         self.supervisor = supervisor
         self.role = role
+        self.running = RUNNING if running is None else running
         self.started_at: float | None = None
         self.stopped_at: float | None = None
         # A second stop() (the lifespan's, after SIGTERM began one) waits for the first.
@@ -79,8 +116,7 @@ class NodeSidecar:
         began = time.monotonic()
         self.supervisor.start()
         self.started_at = time.monotonic()
-        with _running_lock:
-            _running.add(self)
+        self.running.add(self)
         logger.info(
             "%s sidecar %s started pid=%s endpoint=%s in %.1f ms",
             self.role,
@@ -101,8 +137,7 @@ class NodeSidecar:
                 self.supervisor.stop()
             finally:
                 self.stopped_at = time.monotonic()
-                with _running_lock:
-                    _running.discard(self)
+                self.running.discard(self)
                 logger.info(
                     "%s sidecar %s pid=%s stopped in %.1f ms",
                     self.role,
@@ -151,9 +186,7 @@ def around_start_sidecar(original: Any, *args: Any, **kwargs: Any) -> Any:
 
 def after_sigterm_handler(result: Any, *args: Any, **kwargs: Any) -> Any:
     """SGLang has begun its SIGTERM shutdown: stop this node's sidecars first, gracefully."""
-    with _running_lock:
-        sidecars = list(_running)
-    for sidecar in sidecars:
+    for sidecar in RUNNING.snapshot():
         logger.info(
             "SIGTERM: stopping %s sidecar %s before SGLang's shutdown kills the process tree",
             sidecar.role,

@@ -114,12 +114,13 @@ def _advertisable_host(host: str) -> str | None:
 
 
 def _advertisable_ipv6(literal: str) -> str | None:
-    address, _, zone = literal.partition("%")
+    address, percent, zone = literal.partition("%")
     try:
         parsed = ipaddress.IPv6Address(address)
     except ValueError:
         return None
-    if zone and not _HOSTNAME.fullmatch(zone):
+    if percent and not _HOSTNAME.fullmatch(zone):
+        # A zone is an interface name; "%" with nothing after it names none.
         return None
     mapped = parsed.ipv4_mapped
     if parsed.is_unspecified or (mapped is not None and mapped.is_unspecified):

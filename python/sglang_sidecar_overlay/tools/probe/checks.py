@@ -1,9 +1,12 @@
 """The contract checks a router relies on, run on one node's ``json_info``.
 
-The packaged JSON Schema (``contract.schema``) checks shapes; the rules here are the ones a
-schema cannot say (ranks inside the rank space, ``local_ranks``, equal block sizes, the
-``dp_size`` pitfall, secrets by the redaction rule, dialable endpoints, live listeners).
-Problems are ``Finding``s, never exceptions.
+Shapes (types, required keys, patterns, enums, the endpoint grammar) are checked by the
+packaged JSON Schema alone (``contract.schema.contract_validator``); each schema error becomes
+one finding naming the JSON path and the bad value. The rules here are the ones a schema
+cannot say: ``node_rank`` < ``nnodes``, ranks inside the rank space and unique, ``local_ranks``
+equal to the advertised ranks, the rank space's size, equal block sizes, sorted sources, unique
+endpoints, the ``dp_size`` pitfall, secrets anywhere by the redaction rule, and live listeners.
+They run only on fields the schema passed. Problems are ``Finding``s, never exceptions.
 """
 
 from __future__ import annotations
@@ -11,16 +14,17 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import reprlib
 import socket
 import stat
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from sglang_sidecar_overlay.contract.endpoints import endpoint_problems
-from sglang_sidecar_overlay.contract.incarnation import CONTRACT_VERSION, check_incarnation
+from sglang_sidecar_overlay.contract.incarnation import CONTRACT_VERSION
 from sglang_sidecar_overlay.contract.redaction import REDACTED, is_secret_name, redact_text
-from sglang_sidecar_overlay.contract.schema import load_schema
+from sglang_sidecar_overlay.contract.schema import ENDPOINT_FORMAT, contract_validator
 from sglang_sidecar_overlay.contract.server_info import rank_space
 from sglang_sidecar_overlay.contract.sources import DEFAULT_ENCODING
 from sglang_sidecar_overlay.tools.probe.report import ERROR, OK, WARNING, Finding
@@ -36,11 +40,48 @@ __all__ = [
 
 # Deepest object/array nesting the checks walk; real server info is under 10 levels.
 MAX_NESTING = 64
-_DISAGGREGATION_MODES = frozenset({"null", "agg", "aggregated", "prefill", "decode"})
-# What contract version 2 added; a node without contract_version lacks them all.
-_VERSION_2_KEYS = ("contract_version", "incarnation", "encoding")
 # Batch encodings ``probe --listen`` decodes.
 _DECODABLE_ENCODINGS = frozenset({DEFAULT_ENCODING})
+# What contract version 2 added; a node without contract_version lacks them all and is
+# reported once, under contract_version.
+_VERSION_2_KEYS = frozenset({"incarnation", "encoding"})
+# The report's check name for a finding, by the top-level key it concerns.
+_CHECK_OF_KEY = {
+    **dict.fromkeys(
+        ("node_rank", "nnodes", "dp_size", "dist_init_addr", "disaggregation_mode"), "topology"
+    ),
+    **dict.fromkeys(("launch_command", "kv_events", "contract_version", "incarnation"), "contract"),
+    **dict.fromkeys(("kv_event_sources", "kv_event_rank_space"), "kv_event_sources"),
+}
+_TOPOLOGY_FIELDS = frozenset(key for key, check in _CHECK_OF_KEY.items() if check == "topology")
+_OVERLAY_HINT = "missing (required by the contract; is the overlay active on this node?)"
+# What a missing top-level key most likely means.
+_MISSING = {
+    "launch_command": _OVERLAY_HINT,
+    "kv_events": _OVERLAY_HINT,
+    "kv_event_rank_space": _OVERLAY_HINT,
+    "kv_event_sources": "missing: this SGLang does not advertise node-local publishers "
+    "(the overlay is not active on this node)",
+    "contract_version": "missing: the node serves contract version 1 (no incarnation, no "
+    "source encoding), so consumers cannot tell a relaunch from a network blip",
+}
+_TYPE_NAMES = {
+    "object": "an object",
+    "array": "a list",
+    "string": "a string",
+    "integer": "an int",
+    "number": "a number",
+    "boolean": "a boolean",
+    "null": "null",
+}
+# Bad values are shown, never in full: a hostile reply can hold megabytes in one field.
+_SHORT = reprlib.Repr()
+_SHORT.maxstring = 80
+_SHORT.maxother = 80
+_SHORT.maxlong = 40
+_SHORT.maxlist = _SHORT.maxtuple = 6
+_SHORT.maxdict = 4
+_SHORT.maxlevel = 2
 
 
 def _nesting_exceeds(value: Any, limit: int) -> bool:
@@ -78,35 +119,152 @@ def check_server_info(text: str) -> tuple[dict | None, list[Finding]]:
         return None, [Finding(ERROR, "json", "json_info", f"must be a JSON object, got {kind}")]
     if _nesting_exceeds(info, MAX_NESTING):
         # Server info is a few levels deep; deeper input is hostile and every later walk
-        # (checks, schema, --json output) would recurse into it.
+        # (schema, checks, --json output) would recurse into it.
         message = f"nests deeper than {MAX_NESTING} levels"
         return None, [Finding(ERROR, "json", "json_info", message)]
     findings = [Finding(OK, "json", "json_info", f"JSON object with {len(info)} keys")]
-    findings += _check_topology(info)
-    findings += _check_overlay_keys(info)
-    findings += _check_launch(info)
-    findings += _check_sources(info)
+    shape = _check_schema(info)
+    # Cross-field rules run only on fields whose shape is right.
+    flagged = {finding.field or "" for finding in shape}
+    findings += shape
+    findings += _check_topology(info, flagged)
+    findings += _check_launch(info, flagged)
+    findings += _check_sources(info, flagged)
     findings += _check_secrets(info)
-    findings += _check_schema(info, findings)
     return info, findings
 
 
-def _check_topology(info: Mapping[str, Any]) -> list[Finding]:
+# --- shapes: the schema ------------------------------------------------------------------------
+
+
+def _check_schema(info: Mapping[str, Any]) -> list[Finding]:
+    """Schema errors as findings naming the JSON path and the bad value, one per field.
+
+    The first error of a field is the one kept: ``type`` comes before the keywords that
+    refine it (``minimum``, ``enum``), so a field of the wrong type is not also out of range.
+    """
+    try:
+        validator = contract_validator()
+    except ImportError as exc:
+        message = f"cannot check shapes: {exc} (install jsonschema, a dependency of this package)"
+        return [Finding(ERROR, "schema", "json_info", message)]
+    contract_1 = "contract_version" not in info
+    found: list[Finding] = []
+    seen: set[str] = set()
+    for error in validator.iter_errors(info):
+        for finding in _describe(error, contract_1):
+            if finding.field not in seen:
+                seen.add(finding.field or "")
+                found.append(finding)
+    return found
+
+
+def _describe(error: Any, contract_1: bool) -> list[Finding]:
+    """The findings one ``jsonschema`` error stands for (a ``required`` error may name several)."""
+    path = _json_path(error.absolute_path)
+    value = error.instance
+    kind = error.validator
+    if kind == "required":
+        missing = [key for key in error.validator_value if key not in value]
+        return [
+            Finding(
+                ERROR,
+                _check_of(_join(path, key)),
+                _join(path, key),
+                (_MISSING.get(key) if not path else None) or "missing (required by the contract)",
+            )
+            for key in missing
+            if not (contract_1 and key in _VERSION_2_KEYS)
+        ]
+    field = path or "json_info"
+    if "patternProperties" in error.absolute_schema_path:
+        # A secret-named key: never echo its value.
+        return [Finding(ERROR, "secrets", field, "holds a value; secrets must be redacted")]
+    return [Finding(ERROR, _check_of(field), field, redact_text(one_line(_message(error))))]
+
+
+def _message(error: Any) -> str:
+    value = error.instance
+    kind = error.validator
+    expected = error.validator_value
+    shown = _SHORT.repr(value)
+    if kind == "type":
+        names = [expected] if isinstance(expected, str) else list(expected)
+        described = " or ".join(_TYPE_NAMES.get(name, name) for name in names)
+        return f"must be {described}, got {shown}"
+    if kind == "minimum":
+        return f"must be ≥ {expected}, got {shown}"
+    if kind == "exclusiveMinimum":
+        return f"must be > {expected}, got {shown}"
+    if kind == "enum":
+        choices = ", ".join(repr(choice) for choice in expected)
+        return f"unknown value {shown}, expected one of {choices}"
+    if kind == "minLength" and expected == 1:
+        return f"must not be empty, got {shown}"
+    if kind == "pattern":
+        return f"{shown} does not match {expected}"
+    if kind == "uniqueItems":
+        return f"has repeated items: {shown}"
+    if kind == "additionalProperties":
+        allowed = set(error.schema.get("properties", {}))
+        extra = sorted(str(key) for key in value if key not in allowed)
+        return f"unexpected key(s) {_SHORT.repr(extra)}; allowed: {', '.join(sorted(allowed))}"
+    if (kind == "format" and expected == ENDPOINT_FORMAT) or (
+        kind == "anyOf" and error.schema.get("format") == ENDPOINT_FORMAT
+    ):
+        # The one endpoint grammar says why, naming the endpoint.
+        problems = endpoint_problems(value)
+        return _clip(problems[0]) if problems else f"{shown} is not dialable"
+    if kind == "anyOf":
+        return f"{shown} matches none of the allowed forms"
+    return f"{shown}: {_clip(error.message)}"
+
+
+def _clip(text: str, limit: int = 200) -> str:
+    return text if len(text) <= limit else f"{text[:limit]}…"
+
+
+def _check_of(field: str) -> str:
+    top = field.split(".", 1)[0].split("[", 1)[0]
+    return _CHECK_OF_KEY.get(top, "schema")
+
+
+def _join(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key
+
+
+def _json_path(parts: Any) -> str:
+    text = ""
+    for part in parts:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+    return text
+
+
+def _flagged_under(flagged: set[str], field: str) -> bool:
+    """Whether the schema flagged ``field`` or anything inside it."""
+    return any(seen == field or seen.startswith((f"{field}.", f"{field}[")) for seen in flagged)
+
+
+# --- cross-field rules -------------------------------------------------------------------------
+
+
+def _check_topology(info: Mapping[str, Any], flagged: set[str]) -> list[Finding]:
     found: list[Finding] = []
     nnodes = info.get("nnodes")
     node_rank = info.get("node_rank")
-    if not _is_int(nnodes) or nnodes < 1:
-        found.append(Finding(ERROR, "topology", "nnodes", f"must be an int ≥ 1, got {nnodes!r}"))
-    if not _is_int(node_rank) or node_rank < 0:
-        found.append(
-            Finding(ERROR, "topology", "node_rank", f"must be an int ≥ 0, got {node_rank!r}")
-        )
-    elif _is_int(nnodes) and nnodes >= 1 and node_rank >= nnodes:
+    shapes_ok = not ({"nnodes", "node_rank"} & flagged)
+    if shapes_ok and _is_int(nnodes) and _is_int(node_rank) and node_rank >= nnodes:
         found.append(
             Finding(ERROR, "topology", "node_rank", f"{node_rank} is not < nnodes {nnodes}")
         )
     addr = info.get("dist_init_addr")
-    if _is_int(nnodes) and nnodes > 1 and (not isinstance(addr, str) or not addr.strip()):
+    if (
+        "dist_init_addr" not in flagged
+        and "nnodes" not in flagged
+        and _is_int(nnodes)
+        and nnodes > 1
+        and (not isinstance(addr, str) or not addr.strip())
+    ):
         found.append(
             Finding(
                 ERROR,
@@ -115,13 +273,8 @@ def _check_topology(info: Mapping[str, Any]) -> list[Finding]:
                 f"must be set when nnodes is {nnodes} (consumers group nodes by it), got {addr!r}",
             )
         )
-    dp_size = info.get("dp_size")
-    if not _is_int(dp_size) or dp_size < 1:
-        found.append(Finding(ERROR, "topology", "dp_size", f"must be an int ≥ 1, got {dp_size!r}"))
-    mode = info.get("disaggregation_mode")
-    if mode is not None and (not isinstance(mode, str) or mode not in _DISAGGREGATION_MODES):
-        found.append(Finding(ERROR, "topology", "disaggregation_mode", f"unknown mode {mode!r}"))
-    if not found:
+    if not found and not (_TOPOLOGY_FIELDS & flagged):
+        dp_size = info.get("dp_size")
         found.append(
             Finding(
                 OK,
@@ -133,49 +286,13 @@ def _check_topology(info: Mapping[str, Any]) -> list[Finding]:
     return found
 
 
-def _check_overlay_keys(info: Mapping[str, Any]) -> list[Finding]:
-    """Keys every node running the overlay returns (stock SGLang lacks some of them)."""
-    found: list[Finding] = []
-    expected = (
-        ("launch_command", (str, type(None)), "a string or null"),
-        ("kv_events", (dict, type(None)), "an object or null"),
-        ("kv_event_rank_space", (dict,), "an object"),
-    )
-    for key, types, described in expected:
-        if key not in info:
-            found.append(
-                Finding(
-                    ERROR,
-                    "contract",
-                    key,
-                    "missing (required by the contract; is the overlay active on this node?)",
-                )
-            )
-        elif not isinstance(info[key], types):
-            found.append(Finding(ERROR, "contract", key, f"must be {described}, got {info[key]!r}"))
-    return found
-
-
-def _check_launch(info: Mapping[str, Any]) -> list[Finding]:
+def _check_launch(info: Mapping[str, Any], flagged: set[str]) -> list[Finding]:
     """``contract_version`` and ``incarnation``: which contract, and which launch of the node."""
-    found: list[Finding] = []
     version = info.get("contract_version")
-    if "contract_version" not in info:
-        found.append(
-            Finding(
-                ERROR,
-                "contract",
-                "contract_version",
-                "missing: the node serves contract version 1 (no incarnation, no source "
-                "encoding), so consumers cannot tell a relaunch from a network blip",
-            )
-        )
-    elif not _is_int(version) or version < 2:
-        found.append(
-            Finding(ERROR, "contract", "contract_version", f"must be an int ≥ 2, got {version!r}")
-        )
-    elif version > CONTRACT_VERSION:
-        found.append(
+    if "contract_version" in flagged or not _is_int(version):
+        return []
+    if version > CONTRACT_VERSION:
+        return [
             Finding(
                 WARNING,
                 "contract",
@@ -183,28 +300,21 @@ def _check_launch(info: Mapping[str, Any]) -> list[Finding]:
                 f"{version} is newer than this probe knows ({CONTRACT_VERSION}): "
                 "checks may be incomplete",
             )
-        )
-    if "incarnation" not in info:
-        if "contract_version" in info:
-            found.append(Finding(ERROR, "contract", "incarnation", "missing"))
-        return found
-    try:
-        check_incarnation(info["incarnation"])
-    except ValueError as exc:
-        found.append(Finding(ERROR, "contract", "incarnation", str(exc)))
-        return found
-    if not found:
-        found.append(
-            Finding(OK, "contract", "incarnation", f"v{version}, {describe_incarnation(info)}")
-        )
-    return found
+        ]
+    if _flagged_under(flagged, "incarnation"):
+        return []
+    return [Finding(OK, "contract", "incarnation", f"v{version}, {describe_incarnation(info)}")]
 
 
 def describe_incarnation(info: Mapping[str, Any], now: float | None = None) -> str:
     """``id … started <UTC time> (up …)`` for a node's valid incarnation."""
     launch = info["incarnation"]
     started = float(launch["started_at"])
-    when = datetime.datetime.fromtimestamp(started, tz=datetime.timezone.utc)
+    try:
+        when = datetime.datetime.fromtimestamp(started, tz=datetime.timezone.utc)
+    except (OverflowError, OSError, ValueError):
+        # Valid by the schema (seconds > 0) but past what a calendar date can hold.
+        return f"launch {launch['id']} started at {_SHORT.repr(launch['started_at'])} s"
     up = max(0.0, (time.time() if now is None else now) - started)
     return (
         f"launch {launch['id']} started {when.strftime('%Y-%m-%dT%H:%M:%SZ')} (up {_duration(up)})"
@@ -235,90 +345,60 @@ def _rank_space_size(info: Mapping[str, Any]) -> tuple[int | None, str]:
     return None, ""
 
 
-def _check_sources(info: Mapping[str, Any]) -> list[Finding]:
-    if "kv_event_sources" not in info:
-        return [
-            Finding(
-                ERROR,
-                "kv_event_sources",
-                "kv_event_sources",
-                "missing: this SGLang does not advertise node-local publishers "
-                "(the overlay is not active on this node)",
-            )
-        ]
-    sources = info["kv_event_sources"]
+def _check_sources(info: Mapping[str, Any], flagged: set[str]) -> list[Finding]:
+    sources = info.get("kv_event_sources")
     if not isinstance(sources, list):
-        return [
-            Finding(
-                ERROR,
-                "kv_event_sources",
-                "kv_event_sources",
-                f"must be a list (use [] for none), got {sources!r}",
-            )
-        ]
+        return []
     found: list[Finding] = []
-    found += _check_rank_space_object(info, sources)
+    found += _check_rank_space_object(info, sources, flagged)
     size, size_field = _rank_space_size(info)
     ranks_seen: dict[Any, int] = {}
     endpoints_seen: dict[str, str] = {}
-    block_sizes: list[tuple[int, Any]] = []
+    block_sizes: list[tuple[int, int]] = []
     for index, source in enumerate(sources):
         prefix = f"kv_event_sources[{index}]"
         if not isinstance(source, dict):
-            found.append(Finding(ERROR, "kv_event_sources", prefix, "must be an object"))
             continue
-        found += _check_source_rank(info, source, prefix, size, size_field, ranks_seen)
+        if f"{prefix}.dp_rank" not in flagged:
+            found += _check_source_rank(info, source, index, size, size_field, ranks_seen)
         for key in ("endpoint", "replay_endpoint"):
-            if key == "replay_endpoint" and source.get(key) is None:
-                continue
             field = f"{prefix}.{key}"
-            problems = endpoint_problems(source.get(key))
-            found += [Finding(ERROR, "kv_event_sources", field, text) for text in problems]
             endpoint = source.get(key)
-            if not problems and isinstance(endpoint, str):
-                other = endpoints_seen.get(endpoint)
-                if other is not None:
-                    found.append(
-                        Finding(
-                            ERROR,
-                            "kv_event_sources",
-                            field,
-                            f"{endpoint} is also advertised by {other}",
-                        )
+            if field in flagged or not isinstance(endpoint, str):
+                continue
+            other = endpoints_seen.get(endpoint)
+            if other is not None:
+                found.append(
+                    Finding(
+                        ERROR,
+                        "kv_event_sources",
+                        field,
+                        f"{endpoint} is also advertised by {other}",
                     )
-                else:
-                    endpoints_seen[endpoint] = field
-        found += _check_encoding(source, prefix)
-        if not isinstance(source.get("topic"), str):
-            found.append(
-                Finding(
-                    ERROR,
-                    "kv_event_sources",
-                    f"{prefix}.topic",
-                    f"must be a string, got {source.get('topic')!r}",
                 )
-            )
-        block_size = source.get("block_size")
-        if not _is_int(block_size) or block_size <= 0:
-            found.append(
-                Finding(
-                    ERROR,
-                    "kv_event_sources",
-                    f"{prefix}.block_size",
-                    f"must be a positive int (page_size × dcp_size), got {block_size!r}",
-                )
-            )
-        else:
-            block_sizes.append((index, block_size))
+            else:
+                endpoints_seen[endpoint] = field
+        encoding = source.get("encoding")
+        if f"{prefix}.encoding" not in flagged and isinstance(encoding, str):
+            found += _check_encoding(encoding, prefix)
+        if f"{prefix}.block_size" not in flagged and _is_int(source.get("block_size")):
+            block_sizes.append((index, source["block_size"]))
     found += _check_block_sizes(info, block_sizes)
     ranks = [source.get("dp_rank") for source in sources if isinstance(source, dict)]
     if all(_is_int(rank) for rank in ranks) and ranks != sorted(ranks):
         found.append(
             Finding(
-                ERROR, "kv_event_sources", "kv_event_sources", f"not sorted by dp_rank: {ranks}"
+                ERROR,
+                "kv_event_sources",
+                "kv_event_sources",
+                f"not sorted by dp_rank: {_SHORT.repr(ranks)}",
             )
         )
-    if not any(finding.level == ERROR for finding in found):
+    shapes_ok = not (
+        _flagged_under(flagged, "kv_event_sources")
+        or _flagged_under(flagged, "kv_event_rank_space")
+    )
+    if shapes_ok and not any(finding.level == ERROR for finding in found):
         described = ", ".join(str(rank) for rank in ranks) or "none"
         found.insert(
             0,
@@ -332,39 +412,32 @@ def _check_sources(info: Mapping[str, Any]) -> list[Finding]:
     return found
 
 
-def _check_encoding(source: Mapping[str, Any], prefix: str) -> list[Finding]:
-    encoding = source.get("encoding")
-    field = f"{prefix}.encoding"
-    if "encoding" not in source:
-        # The schema names it; a contract-1 node is reported once under contract_version.
+def _check_encoding(encoding: str, prefix: str) -> list[Finding]:
+    if encoding in _DECODABLE_ENCODINGS:
         return []
-    if not isinstance(encoding, str) or not encoding:
-        return [Finding(ERROR, "kv_event_sources", field, f"must be a name, got {encoding!r}")]
-    if encoding not in _DECODABLE_ENCODINGS:
-        return [
-            Finding(
-                WARNING,
-                "kv_event_sources",
-                field,
-                f"{encoding!r}: a consumer that decodes only {DEFAULT_ENCODING} cannot read "
-                "these batches (probe --listen cannot either)",
-            )
-        ]
-    return []
+    return [
+        Finding(
+            WARNING,
+            "kv_event_sources",
+            f"{prefix}.encoding",
+            f"{encoding!r}: a consumer that decodes only {DEFAULT_ENCODING} cannot read "
+            "these batches (probe --listen cannot either)",
+        )
+    ]
 
 
 def _check_source_rank(
     info: Mapping[str, Any],
     source: Mapping[str, Any],
-    prefix: str,
+    index: int,
     size: int | None,
     size_field: str,
     ranks_seen: dict[Any, int],
 ) -> list[Finding]:
-    field = f"{prefix}.dp_rank"
+    field = f"kv_event_sources[{index}].dp_rank"
     rank = source.get("dp_rank")
-    if not _is_int(rank) or rank < 0:
-        return [Finding(ERROR, "kv_event_sources", field, f"must be an int ≥ 0, got {rank!r}")]
+    if not _is_int(rank):
+        return []
     found: list[Finding] = []
     if rank in ranks_seen:
         found.append(
@@ -376,7 +449,7 @@ def _check_source_rank(
             )
         )
     else:
-        ranks_seen[rank] = int(prefix.split("[")[1].rstrip("]"))
+        ranks_seen[rank] = index
     if size is None:
         found.append(
             Finding(
@@ -411,20 +484,17 @@ def _check_source_rank(
     return found
 
 
-def _check_rank_space_object(info: Mapping[str, Any], sources: list) -> list[Finding]:
+def _check_rank_space_object(
+    info: Mapping[str, Any], sources: list, flagged: set[str]
+) -> list[Finding]:
     space = info.get("kv_event_rank_space")
     field = "kv_event_rank_space"
     if not isinstance(space, dict):
-        # Reported by _check_overlay_keys.
         return []
     found: list[Finding] = []
     widths = {key: space.get(key) for key in ("size", "system_dp_size", "attn_dp_size")}
-    bad = [key for key, value in widths.items() if not _is_int(value) or value < 1]
-    if bad:
-        found.append(
-            Finding(ERROR, "kv_event_sources", field, f"{', '.join(bad)} must be ints ≥ 1")
-        )
-    elif widths["size"] != widths["system_dp_size"] * widths["attn_dp_size"]:
+    widths_ok = not any(f"{field}.{key}" in flagged for key in widths)
+    if widths_ok and widths["size"] != widths["system_dp_size"] * widths["attn_dp_size"]:
         found.append(
             Finding(
                 ERROR,
@@ -434,18 +504,20 @@ def _check_rank_space_object(info: Mapping[str, Any], sources: list) -> list[Fin
                 f"attn_dp_size {widths['attn_dp_size']}",
             )
         )
-    local = space.get("local_ranks")
+    if _flagged_under(flagged, f"{field}.local_ranks"):
+        return found
+    local = space["local_ranks"]
     advertised = sorted(
         {s.get("dp_rank") for s in sources if isinstance(s, dict) and _is_int(s.get("dp_rank"))}
     )
-    ranks_ok = isinstance(local, list) and all(_is_int(rank) for rank in local)
-    if not ranks_ok or sorted(local) != advertised:
+    if sorted(local) != advertised:
         found.append(
             Finding(
                 ERROR,
                 "kv_event_sources",
                 f"{field}.local_ranks",
-                f"{local!r} does not match the advertised ranks {advertised}",
+                f"{_SHORT.repr(local)} does not match the advertised ranks "
+                f"{_SHORT.repr(advertised)}",
             )
         )
     return found
@@ -491,6 +563,9 @@ def _check_secrets(info: Mapping[str, Any]) -> list[Finding]:
         if isinstance(value, dict):
             for key, item in value.items():
                 field = f"{path}.{key}" if path else str(key)
+                if is_secret_name(str(key)) and not path:
+                    # Top-level secret names: the schema's patternProperties, from this rule.
+                    continue
                 if is_secret_name(str(key)) and item not in (None, REDACTED, ""):
                     found.append(
                         Finding(ERROR, "secrets", field, "holds a value; secrets must be redacted")
@@ -513,45 +588,6 @@ def _check_secrets(info: Mapping[str, Any]) -> list[Finding]:
 
     walk(info, "")
     return found
-
-
-def _check_schema(info: Mapping[str, Any], earlier: Sequence[Finding]) -> list[Finding]:
-    """JSON Schema validation when jsonschema is importable; silent otherwise."""
-    try:
-        import jsonschema
-
-        schema = load_schema()
-    except (ImportError, OSError, ValueError):
-        return []
-    flagged = {finding.field for finding in earlier if finding.level == ERROR}
-    found: list[Finding] = []
-    validator = jsonschema.Draft202012Validator(schema)
-    for problem in validator.iter_errors(info):
-        field = _json_path(problem.absolute_path) or "json_info"
-        # Own checks already name these fields with a better message.
-        if any(
-            seen and (field == seen or field.startswith(f"{seen}.") or field.startswith(f"{seen}["))
-            for seen in flagged
-        ):
-            continue
-        if "contract_version" in flagged and _is_version_2_key(problem):
-            # A contract-1 node: reported once, under contract_version.
-            continue
-        found.append(Finding(ERROR, "schema", field, one_line(problem.message)))
-    return found
-
-
-def _is_version_2_key(problem: Any) -> bool:
-    if problem.validator != "required":
-        return False
-    return any(f"'{key}'" in problem.message for key in _VERSION_2_KEYS)
-
-
-def _json_path(parts: Any) -> str:
-    text = ""
-    for part in parts:
-        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
-    return text
 
 
 def endpoint_listening(endpoint: str, timeout: float) -> str | None:
