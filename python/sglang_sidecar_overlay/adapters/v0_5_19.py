@@ -12,7 +12,8 @@ Hooks, all through SGLang's ``HookRegistry``:
 - engine process: ``Engine._launch_scheduler_processes`` opens the side channel before the
   schedulers spawn and wraps ``wait_for_ready`` (aggregate with the core; on a follower,
   start the native metadata server, reaping the schedulers if it cannot bind) and
-  ``block_until_scheduler_exits`` (stop it); ``Engine.shutdown`` stops it too;
+  ``block_until_scheduler_exits`` (stop it, and fail the node when a scheduler crashed:
+  upstream returns, and the node exits 0); ``Engine.shutdown`` stops it too;
 - leader: ``RuntimeHandle.get_server_info`` (native gRPC ``GetServerInfo``) answers with the
   core builder; before ``http_server.launch_server`` serves, its ``/server_info`` route is
   rebound to pass upstream's body through the core builder too (FastAPI bound the original
@@ -41,7 +42,6 @@ LAUNCH_SCHEDULERS = "sglang.srt.entrypoints.engine.Engine._launch_scheduler_proc
 ENGINE_SHUTDOWN = "sglang.srt.entrypoints.engine.Engine.shutdown"
 LEADER_SERVER_INFO = "sglang.srt.entrypoints.grpc_bridge.RuntimeHandle.get_server_info"
 HTTP_LAUNCH = "sglang.srt.entrypoints.http_server.launch_server"
-SERVER_INFO_PATH = "/server_info"
 
 FOLLOWER_ATTR = "grpc_server"
 LEADER_JSON_ATTR = "_sidecar_overlay_server_info_json"
@@ -95,7 +95,7 @@ def around_launch_schedulers(original: Any, cls: Any, server_args: Any, *args: A
 
     def block_then_stop() -> None:
         try:
-            block_until_exit()
+            _common.failing_on_scheduler_crash(block_until_exit, procs)()
         finally:
             stop_follower(init_result)
 
@@ -141,35 +141,7 @@ def leader_server_info(handle: Any) -> str:
 def before_http_launch(*args: Any, **kwargs: Any) -> None:
     from sglang.srt.entrypoints import http_server
 
-    rebind_server_info_route(http_server)
-
-
-def rebind_server_info_route(http_server: Any) -> None:
-    """Point ``/server_info`` (and the deprecated alias) at the core builder. Idempotent."""
-    from fastapi.routing import APIRoute
-
-    routes = http_server.app.router.routes
-    for index, route in enumerate(routes):
-        if not isinstance(route, APIRoute) or route.path != SERVER_INFO_PATH:
-            continue
-        if getattr(route.endpoint, "_sidecar_overlay", False):
-            return
-        server_info = _core_server_info_endpoint(route.endpoint)
-        routes[index] = APIRoute(
-            route.path, server_info, methods=list(route.methods or ["GET"]), name=route.name
-        )
-        # The deprecated /get_server_info calls the module-level name.
-        http_server.server_info = server_info
-        return
-
-
-def _core_server_info_endpoint(upstream: Any) -> Any:
-    async def server_info() -> dict:
-        return _common.rebuild_server_info(await upstream())
-
-    server_info._sidecar_overlay = True
-    server_info.__doc__ = upstream.__doc__
-    return server_info
+    _common.rebind_server_info_route(http_server, _common.rebuild_server_info)
 
 
 def register(registry: Any, hook_type: Any, *, main_process: bool) -> None:

@@ -6,10 +6,12 @@ app is awaited with the global state a running frontend would hold (a stand-in t
 manager: it needs a model to exist for real). On 0.5.19–0.5.21 the route is rebound by the
 hook that runs before ``http_server.launch_server`` (called directly here: the real one would
 start serving); on 0.5.22+ the route calls SGLang's ``build_server_info``, which the overlay
-replaces.
+replaces, and the same hook rebinds the route to redact the extras upstream adds after the
+builder (the schedulers' ``internal_states``: every resolved server arg).
 """
 
 import asyncio
+import importlib
 import json
 import os
 import tempfile
@@ -50,19 +52,18 @@ class TestHttpServerInfo(CustomTestCase):
         cls.server_args.resolve_once()
         plugin.load()
         HookRegistry.apply_hooks()
-        adapter = plugin.installed_adapter() or ""
-        if adapter.endswith("v0_5_19"):
-            from sglang_sidecar_overlay.adapters import v0_5_19
-
-            v0_5_19.before_http_launch(cls.server_args)
+        # The hook that runs before http_server.launch_server (called directly here: the
+        # real one would start serving).
+        adapter = importlib.import_module(plugin.installed_adapter() or "")
+        adapter.before_http_launch(cls.server_args)
 
     @classmethod
     def tearDownClass(cls):
         cls._tmp.cleanup()
 
-    def _server_info(self) -> dict:
+    def _server_info(self, internal_states: list | None = None) -> dict:
         async def internal_state():
-            return [{"stand_in": True}]
+            return internal_states or [{"stand_in": True}]
 
         manager = types.SimpleNamespace(
             server_args=self.server_args,
@@ -86,6 +87,22 @@ class TestHttpServerInfo(CustomTestCase):
         # Upstream's HTTP-only extras survive.
         self.assertEqual(info["internal_states"], [{"stand_in": True}])
         jsonschema.validate(info, schema.load_schema())
+
+    def test_internal_states_are_redacted(self):
+        # What a scheduler answers: its resolved server args, secrets included.
+        canaries = ["c4a9f1e2b3d40001", "c4a9f1e2b3d40002", "c4a9f1e2b3d40003"]
+        states = [
+            {
+                "api_key": canaries[0],
+                "hicache_storage_backend_extra_config": json.dumps({"secret_key": canaries[1]}),
+                "served_model_name": f"s3://user:{canaries[2]}@bucket/m",
+                "tp_size": 2,
+            }
+        ]
+        info = self._server_info(states)
+        text = json.dumps(info)
+        self.assertEqual([c for c in canaries if c in text], [])
+        self.assertEqual(info["internal_states"][0]["tp_size"], 2)
 
     def test_legacy_dp_size_switch_reaches_http(self):
         with mock.patch.dict(os.environ, {server_info.LEGACY_DP_SIZE_ENV: "1"}):
