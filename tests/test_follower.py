@@ -128,9 +128,20 @@ def test_bind_failure_names_the_address(schedulers):
 def test_scheduler_already_gone_never_serves(schedulers):
     schedulers[0].kill()
     schedulers[0].wait(timeout=10)
-    follower = start_follower_server("127.0.0.1", 0, "{}", [p.pid for p in schedulers])
-    try:
-        assert not follower.is_alive()
-        assert follower.exited_pid == schedulers[0].pid
-    finally:
-        follower.stop()
+    with pytest.raises(RuntimeError, match=rf"scheduler process {schedulers[0].pid} exited"):
+        start_follower_server("127.0.0.1", 0, "{}", [p.pid for p in schedulers])
+
+
+def test_scheduler_exited_but_not_reaped_never_serves(schedulers):
+    """A crash between readiness and the server's start leaves an unreaped child."""
+    schedulers[1].kill()
+    _wait_for(
+        lambda: _proc_state(schedulers[1].pid) == "Z", 10, "the killed scheduler to be a zombie"
+    )
+    with pytest.raises(RuntimeError, match=rf"scheduler process {schedulers[1].pid} exited"):
+        start_follower_server("127.0.0.1", 0, "{}", [p.pid for p in schedulers])
+
+
+def _proc_state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat") as stat:
+        return stat.read().rsplit(")", 1)[1].split()[0]

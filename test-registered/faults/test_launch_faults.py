@@ -10,6 +10,13 @@ Faults:
 - a follower's schedulers SIGKILLed before they report ready (the stand-in's
   ``OVERLAY_HARNESS_SCHEDULER_FAULT=kill_before_ready``): the launch fails naming the dead
   scheduler;
+- a follower's scheduler SIGKILLed between its readiness and the follower server's start (the
+  stand-in's ``kill_after_ready``: its ready message reaches the node only once it is dead):
+  the follower (``launch_server``, SGLang's blocking follower branch) fails naming the
+  scheduler, as the overlay's server finds it dead before going live;
+- a follower's scheduler SIGKILLed while the follower serves (metadata server SERVING):
+  SGLang's follower branch joins it, logs it and returns, so ``launch_server`` would exit 0;
+  the overlay fails the node naming the scheduler and the signal;
 - the follower's metadata port already taken: the launch fails naming the address;
 - the leader's scheduler SIGKILLed while serving (a ``--sidecar`` running): SGLang's
   ``SubprocessWatchdog`` names the crashed scheduler and SIGQUITs the server; the sidecar goes
@@ -54,6 +61,28 @@ CRASHING_PROVIDER = "faults.crashing_sidecar"
 
 class HttpLeader(cluster.Node):
     module = "overlay_harness.providers.http_node"
+
+
+class LaunchServerFollower(cluster.Node):
+    """A follower through ``launch_server``: SGLang's blocking follower branch, which returns
+    only when its schedulers have exited (``overlay_harness.node`` returns at once)."""
+
+    module = "overlay_harness.providers.http_node"
+
+
+def spawned_children(pid: int) -> list[int]:
+    """Live ``multiprocessing`` spawn children of ``pid`` (schedulers; not the resource
+    tracker)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError, IndexError):
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            cmdline = (entry / "cmdline").read_bytes()
+            if int(fields[1]) == pid and fields[0] != "Z" and b"spawn_main" in cmdline:
+                found.append(int(entry.name))
+    return found
 
 
 def report(fault: str, outcome: str, seconds: float) -> None:
@@ -141,6 +170,54 @@ class TestLaunchFaults(CustomTestCase):
                 "follower schedulers SIGKILLed before ready",
                 f"exit {follower.proc.returncode}: {event['error'][:120]}",
                 time.monotonic() - failed_at,
+            )
+
+    def test_follower_scheduler_killed_between_ready_and_server_start(self):
+        group = EngineGroup(self.model, 2, ["--tp", "2"])
+        with (
+            mock.patch.dict(os.environ, {standin.FAULT_ENV: "kill_after_ready"}),
+            self.node(LaunchServerFollower, group.for_node(1), "follower") as follower,
+        ):
+            event = follower.ready()
+            failed_at = time.monotonic()
+            self.assertEqual(event["event"], "error", follower.log_tail())
+            self.assertRegex(
+                event["error"], r"scheduler process \d+ exited before the follower metadata", event
+            )
+            follower.proc.wait(timeout=CLEAN_DEADLINE)
+            self.assertNotEqual(follower.proc.returncode, 0)
+            wait_clean(follower)
+            self.assertNotIn("is SERVING", follower.log_path.read_text(errors="replace"))
+            report(
+                "follower scheduler SIGKILLed between ready and the follower server's start",
+                f"exit {follower.proc.returncode}: {event['error'][:160]}",
+                time.monotonic() - failed_at,
+            )
+
+    def test_follower_scheduler_killed_while_serving(self):
+        group = EngineGroup(self.model, 2, ["--tp", "2"])
+        port = group.grpc_ports[1]
+        with self.node(LaunchServerFollower, group.for_node(1), "follower") as follower:
+            cluster.wait_for(
+                lambda: cluster.health(port) == cluster.SERVING or follower.proc.poll() is not None,
+                cluster.NODE_READY_DEADLINE,
+                "the follower metadata server to be SERVING",
+            )
+            self.assertIsNone(follower.proc.poll(), follower.log_tail())
+            schedulers = spawned_children(follower.proc.pid)
+            self.assertEqual(len(schedulers), 1, schedulers)
+            os.kill(schedulers[0], signal.SIGKILL)
+            killed_at = time.monotonic()
+            event = follower.ready(timeout=CLEAN_DEADLINE)
+            follower.proc.wait(timeout=CLEAN_DEADLINE)
+            self.assertNotEqual(follower.proc.returncode, 0, follower.log_tail())
+            self.assertEqual(event["event"], "error", event)
+            self.assertIn(f"scheduler process {schedulers[0]} (signal SIGKILL)", event["error"])
+            wait_clean(follower)
+            report(
+                "follower scheduler SIGKILLed while the follower serves",
+                f"exit {follower.proc.returncode}: {event['error'][:160]}",
+                time.monotonic() - killed_at,
             )
 
     def test_follower_metadata_port_taken(self):

@@ -1,12 +1,22 @@
 """A CPU stand-in for SGLang's scheduler process: everything but the model.
 
 Launched by SGLang's own launch code (``Engine`` or the DP controller) in place of
-``run_scheduler_process``, with the same signature, in a spawned process. It does what the
-real one does before touching a GPU: ``load_plugins()``, resolve and publish its ranks, create
-the KV-events publisher through SGLang's ``SchedulerKvEventsPublisher`` (so the real factory
-and rank selection run), build the ready message with SGLang's real
-``Scheduler.get_init_info`` and send it over the real ready pipe. Then it idles until its
-parent goes away or it is signalled, as a scheduler waiting for work would.
+``run_scheduler_process``, with the same signature, in a spawned process. It does what the real
+one does before touching a GPU: ``load_plugins()``, resolve and publish its ranks, create the
+KV-events publisher through SGLang's ``SchedulerKvEventsPublisher`` (so the real factory and
+rank selection run), build the ready message with SGLang's real ``Scheduler.get_init_info`` and
+send it over the real ready pipe. Then it idles until its parent goes away or it is signalled,
+as a scheduler waiting for work would, answering the one control request a running frontend
+sends on its own: ``GetInternalStateReq`` (HTTP ``/server_info``). Like a real scheduler of rank
+zero in its attention-TP group, it pulls requests from ``port_args.scheduler_input_ipc_name``
+(the tokenizer manager's socket, or its worker socket from the DP controller) and pushes the
+reply to ``port_args.tokenizer_ipc_name``. It does not relay requests to the other ranks of its
+group (a real one broadcasts over its torch process group, which no stand-in has), so under
+attention DP every group is reached only with ``--enable-dp-attention-local-control-broadcast``
+(the DP controller then sends control requests to every group's rank zero, and groups of one
+rank need no relay). The reply carries what every supported release's
+``Scheduler.get_internal_state`` starts from, the resolved server args
+(``get_context().resolved_server_args_dict()``), not the model-dependent counters.
 """
 
 from __future__ import annotations
@@ -20,8 +30,12 @@ import time
 from typing import Any
 
 MAX_TOTAL_NUM_TOKENS = 4096
-# Fault injection for tests: "kill_before_ready" SIGKILLs the stand-in before it reports ready.
+# Fault injection for tests: "kill_before_ready" SIGKILLs the stand-in before it reports ready;
+# "kill_after_ready" SIGKILLs it with its ready message on the way: the message reaches the
+# node only once the stand-in is dead (``_ready_after_death``), so the node learns of the
+# death only after it has taken the scheduler as ready.
 FAULT_ENV = "OVERLAY_HARNESS_SCHEDULER_FAULT"
+CONTROL_POLL_MS = 500
 
 
 def _startup_time(builder: Any) -> Any:
@@ -68,7 +82,11 @@ def run_standin_scheduler(*args: Any, **kwargs: Any) -> None:
     standin.server_args = server_args
     if os.environ.get(FAULT_ENV) == "kill_before_ready":
         os.kill(os.getpid(), signal.SIGKILL)
-    ranks["pipe_writer"].send(scheduler_mod.Scheduler.get_init_info(standin))
+    control = ControlChannel(ranks["port_args"]) if _is_group_rank_zero(ranks) else None
+    ready = scheduler_mod.Scheduler.get_init_info(standin)
+    if os.environ.get(FAULT_ENV) == "kill_after_ready":
+        _ready_after_death(ranks["pipe_writer"], ready)
+    ranks["pipe_writer"].send(ready)
 
     parent = multiprocessing.parent_process()
     if parent is None:  # pragma: no cover - always spawned by SGLang
@@ -77,9 +95,83 @@ def run_standin_scheduler(*args: Any, **kwargs: Any) -> None:
     # While the node lives, a publisher rank emits a small real event batch now and then, so
     # a subscriber (a --sidecar, a probe) that joins at any moment receives one.
     publisher = getattr(kv_events_publisher, "kv_event_publisher", None)
-    while not multiprocessing.connection.wait([parent.sentinel], timeout=0.5):
+    idle_wait = 0.0 if control is not None else CONTROL_POLL_MS / 1000
+    while not multiprocessing.connection.wait([parent.sentinel], timeout=idle_wait):
+        if control is not None:
+            control.serve(CONTROL_POLL_MS)
         if publisher is not None:
             publisher.publish(_cleared_batch())
+
+
+def _ready_after_death(pipe_writer: Any, ready: dict) -> None:
+    """Hand the ready message to a forked child that sends it once this process is dead, then
+    SIGKILL this process. The child learns of the death from EOF on a pipe only this process
+    writes to; it only sends and exits."""
+    death_r, death_w = os.pipe()
+    if os.fork() == 0:
+        os.close(death_w)
+        os.read(death_r, 1)
+        pipe_writer.send(ready)
+        os._exit(0)
+    os.close(death_r)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _is_group_rank_zero(ranks: dict) -> bool:
+    """Rank zero of its attention-TP group in the first PP stage: the scheduler SGLang gives
+    the tokenizer-facing sockets (``Scheduler.init_ipc_channels``)."""
+    from sglang.srt.runtime_context import get_parallel
+
+    parallel = get_parallel()
+    try:  # 0.5.22+: the attention-DP width has its own name (dp_size is the replicas')
+        attn_dp_size = parallel.attn_dp_size
+    except (AttributeError, RuntimeError, ValueError):
+        attn_dp_size = parallel.dp_size if parallel.enable_dp_attention else 1
+    attn_tp_size = max(parallel.tp_size // attn_dp_size, 1)
+    return ranks["pp_rank"] == 0 and ranks["tp_rank"] % attn_tp_size == 0
+
+
+class ControlChannel:
+    """The scheduler's request socket and reply socket, SGLang's own helpers and framing."""
+
+    def __init__(self, port_args: Any):
+        import zmq
+        from sglang.srt.utils.network import get_zmq_socket
+
+        self._context = zmq.Context(1)
+        # connect, as Scheduler.init_ipc_channels does (the tokenizer side binds).
+        self._recv = get_zmq_socket(
+            self._context, zmq.PULL, port_args.scheduler_input_ipc_name, False
+        )
+        self._send = get_zmq_socket(self._context, zmq.PUSH, port_args.tokenizer_ipc_name, False)
+        self._poller = zmq.Poller()
+        self._poller.register(self._recv, zmq.POLLIN)
+
+    def serve(self, timeout_ms: int) -> None:
+        """Answer the requests that arrive within ``timeout_ms``; ignore everything else."""
+        import zmq
+        from sglang.srt.managers.io_struct import (
+            GetInternalStateReq,
+            GetInternalStateReqOutput,
+            sock_recv,
+            sock_send,
+        )
+        from sglang.srt.runtime_context import get_context
+        from sglang.srt.utils.msgspec_utils import msgspec_to_builtins
+
+        if not self._poller.poll(timeout_ms):
+            return
+        while True:
+            try:
+                request = sock_recv(self._recv, zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            if isinstance(request, GetInternalStateReq):
+                state = get_context().resolved_server_args_dict()
+                # As the real one: a bound signal handler is not msgpack-serializable.
+                state.pop("custom_sigquit_handler", None)
+                reply = GetInternalStateReqOutput(internal_state=msgspec_to_builtins(state))
+                sock_send(self._send, reply)
 
 
 def _cleared_batch() -> Any:

@@ -16,16 +16,16 @@ config from it at launch, so a URL there would be dereferenced (the builder's un
 credential URL in ``model_path``). Every canary also reaches ``launch_command`` (the nodes'
 argv).
 
-Scanned, with 0 canaries allowed: gRPC ``GetServerInfo`` of both nodes, every log line of the
-overlay's loggers in both nodes' logs (SGLang's own logging is configured through
-``SGLANG_LOGGING_CONFIG_PATH`` to name each line's logger, the overlay's at DEBUG), every line
-no SGLang logger claims, and the argv and environment of both sidecars
-(``security.sidecar_dump``). SGLang's own log lines are counted and reported, not asserted:
-they are upstream's (its ``server_args=`` line prints every field).
-
-Not scanned yet: the leader's HTTP ``/server_info``. With attention DP that route asks the
-schedulers for their internal state through the DP controller, which the stand-in schedulers
-do not answer, so the request times out; the builder behind it is the one the gRPC scan covers.
+Scanned, with 0 canaries allowed: gRPC ``GetServerInfo`` of both nodes; the leader's HTTP
+``/server_info`` from its real uvicorn server (HTTPS when ``--ssl-keyfile-password`` is
+planted), whose ``internal_states`` come from the stand-in schedulers answering SGLang's
+``GetInternalStateReq`` through the real DP controller with the resolved server args, as a real
+scheduler does (``--enable-dp-attention-local-control-broadcast``, so the controller reaches
+both DP groups itself); every log line of the overlay's loggers in both nodes' logs (SGLang's
+own logging is configured through ``SGLANG_LOGGING_CONFIG_PATH`` to name each line's logger, the
+overlay's at DEBUG), every line no SGLang logger claims, and the argv and environment of both
+sidecars (``security.sidecar_dump``). SGLang's own log lines are counted and reported, not
+asserted: they are upstream's (its ``server_args=`` line prints every field).
 """
 
 import argparse
@@ -35,10 +35,12 @@ import inspect
 import json
 import os
 import secrets
+import ssl
 import subprocess
 import sys
 import tempfile
 import unittest
+import urllib.request
 from pathlib import Path
 from unittest import mock
 
@@ -60,6 +62,8 @@ PROVIDER = "security.sidecar_dump"
 OVERLAY_LOGGER = "sglang_sidecar_overlay"
 LINE_MARK = "@@"
 DUMP_DEADLINE = 240.0
+# The route waits for the schedulers' internal state through the DP controller.
+HTTP_DEADLINE = 120.0
 LOGGING_CONFIG = {
     "version": 1,
     "disable_existing_loggers": False,
@@ -195,6 +199,16 @@ def grpc_server_info_text(port: int) -> str:
     return wire.decode_get_server_info_response(reply)
 
 
+def http_server_info_text(port: int, tls: bool) -> str:
+    """``GET /server_info`` from the leader's uvicorn (the throwaway certificate is not
+    verified: it is only there so SGLang accepts the planted key password)."""
+    scheme = "https" if tls else "http"
+    context = ssl._create_unverified_context() if tls else None
+    url = f"{scheme}://127.0.0.1:{port}/server_info"
+    with urllib.request.urlopen(url, timeout=HTTP_DEADLINE, context=context) as reply:
+        return reply.read().decode("utf-8")
+
+
 def tls_files(directory: Path) -> list[str]:
     """A throwaway self-signed certificate and key: SGLang refuses ``--ssl-keyfile-password``
     without them, so planting that secret means serving HTTPS."""
@@ -233,7 +247,14 @@ class TestPlantedSecrets(CustomTestCase):
                 plant_args = plant_args + tls_files(workdir)
             config = workdir / "logging.json"
             config.write_text(json.dumps(LOGGING_CONFIG))
-            group = EngineGroup(model, 2, ["--tp", "2", "--dp", "2", "--enable-dp-attention"])
+            # Local control broadcast: the DP controller sends the internal-state request of
+            # HTTP /server_info to both DP groups' schedulers itself (see overlay_harness.standin).
+            group = EngineGroup(
+                model,
+                2,
+                ["--tp", "2", "--dp", "2", "--enable-dp-attention",
+                 "--enable-dp-attention-local-control-broadcast"],
+            )  # fmt: skip
             dumps = {"leader": workdir / "leader", "follower": workdir / "follower"}
             arg_lists = [
                 group.for_node(0, PROVIDER, ["--dump", str(dumps["leader"])]) + plant_args,
@@ -258,6 +279,11 @@ class TestPlantedSecrets(CustomTestCase):
                         self.assertEqual(event["event"], "ready", f"{event}\n{node.log_tail()}")
                     texts["grpc leader"] = grpc_server_info_text(group.grpc_ports[0])
                     texts["grpc follower"] = grpc_server_info_text(group.grpc_ports[1])
+                    http_text = http_server_info_text(group.http_ports[0], tls)
+                    states = json.loads(http_text)["internal_states"]
+                    # Both DP groups' schedulers answered: the scan covers their server args.
+                    self.assertEqual([s.get("tp_size") for s in states], [2, 2], http_text[:2000])
+                    texts["http leader /server_info"] = http_text
                     for role, prefix in dumps.items():
                         path = cluster.wait_for(
                             lambda prefix=prefix: dumped(prefix),

@@ -9,21 +9,28 @@ follower metadata server). SGLang's runtime state is read through ``_sglang``.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+import signal
+import sys
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from sglang_sidecar_overlay.adapters import _sglang
 from sglang_sidecar_overlay.contract.endpoints import is_bind_endpoint
 from sglang_sidecar_overlay.contract.incarnation import begin_launch, launch_incarnation
+from sglang_sidecar_overlay.contract.redaction import redact
 from sglang_sidecar_overlay.contract.server_info import (
     build_server_info,
     legacy_dp_size_enabled,
     render_server_info,
+    to_jsonable,
 )
 from sglang_sidecar_overlay.contract.sources import describe_source
 from sglang_sidecar_overlay.server.follower import FollowerMetadataServer, start_follower_server
 
 logger = logging.getLogger("sglang_sidecar_overlay.adapters")
+
+HTTP_SERVER_MODULE = "sglang.srt.entrypoints.http_server"
+SERVER_INFO_PATH = "/server_info"
 
 # Attributes the publisher hook sets on a ZmqEventPublisher (a plain class, not slotted).
 PUB_ENDPOINT_ATTR = "_sidecar_overlay_pub_endpoint"
@@ -115,6 +122,55 @@ def rebuild_server_info(upstream: Mapping[str, Any]) -> dict:
     )
 
 
+def redacted_body(upstream: Mapping[str, Any]) -> dict:
+    """An upstream body already built by the core, its extras (``internal_states``) redacted."""
+    return redact(to_jsonable(upstream))
+
+
+def rebind_loaded_server_info_route(transform: Callable[[Mapping[str, Any]], dict]) -> None:
+    """Rebind ``/server_info`` when ``http_server.launch_server`` is launching (module loaded).
+
+    Called as the launch starts: the app serves only after the launch.
+    """
+    http_server = sys.modules.get(HTTP_SERVER_MODULE)
+    if http_server is not None:
+        rebind_server_info_route(http_server, transform)
+
+
+def rebind_server_info_route(
+    http_server: Any, transform: Callable[[Mapping[str, Any]], dict]
+) -> None:
+    """Point ``/server_info`` (and the deprecated alias) at ``transform(upstream body)``.
+
+    FastAPI bound the route function when ``http_server`` was imported, before any hook
+    could run, so the route itself is replaced. Idempotent.
+    """
+    from fastapi.routing import APIRoute
+
+    routes = http_server.app.router.routes
+    for index, route in enumerate(routes):
+        if not isinstance(route, APIRoute) or route.path != SERVER_INFO_PATH:
+            continue
+        if getattr(route.endpoint, "_sidecar_overlay", False):
+            return
+        server_info = _transformed_endpoint(route.endpoint, transform)
+        routes[index] = APIRoute(
+            route.path, server_info, methods=list(route.methods or ["GET"]), name=route.name
+        )
+        # The deprecated /get_server_info calls the module-level name.
+        http_server.server_info = server_info
+        return
+
+
+def _transformed_endpoint(upstream: Any, transform: Callable[[Mapping[str, Any]], dict]) -> Any:
+    async def server_info() -> dict:
+        return transform(await upstream())
+
+    server_info._sidecar_overlay = True
+    server_info.__doc__ = upstream.__doc__
+    return server_info
+
+
 def start_node_follower(
     server_args: Any, scheduler_info: Mapping[str, Any], scheduler_pids: Iterable[int]
 ) -> FollowerMetadataServer:
@@ -131,3 +187,37 @@ def start_node_follower(
 
         _sidecar.attach_follower_sidecar(server, info.get("kv_event_sources") or [])
     return server
+
+
+def exit_description(exitcode: int) -> str:
+    """``exit code 3`` or ``signal SIGKILL``, from a ``multiprocessing`` exit code."""
+    if exitcode >= 0:
+        return f"exit code {exitcode}"
+    try:
+        return f"signal {signal.Signals(-exitcode).name}"
+    except ValueError:
+        return f"signal {-exitcode}"
+
+
+def failing_on_scheduler_crash(block: Callable[[], None], procs: Any) -> Callable[[], None]:
+    """``block_until_scheduler_exits`` of a follower node that fails when a scheduler crashed.
+
+    SGLang's follower branch joins its scheduler processes, logs each exit and returns, so
+    ``launch_server`` returns and the node exits 0 even when a scheduler was killed. A
+    non-zero exit (or a signal) of any of them raises instead, naming the process and how it
+    ended, so the node exits non-zero with the cause. Orderly stops (exit code 0) return.
+    """
+
+    def block_then_check() -> None:
+        block()
+        crashed = [p for p in procs or [] if p.exitcode not in (None, 0)]
+        if crashed:
+            ended = ", ".join(f"{p.pid} ({exit_description(p.exitcode)})" for p in crashed)
+            message = (
+                f"follower node {_sglang.node_rank()}: scheduler process {ended} ended while "
+                "the node served; the node stops"
+            )
+            logger.error("%s", message)
+            raise RuntimeError(message)
+
+    return block_then_check

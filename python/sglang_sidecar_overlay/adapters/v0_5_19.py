@@ -16,7 +16,8 @@ rest when a launch starts; schedulers register what their launch exported):
   installs the launch's hooks, opens the side channel before the schedulers spawn and wraps
   ``wait_for_ready`` (aggregate with the core; on a follower, start the native metadata
   server, reaping the schedulers if it cannot bind) and
-  ``block_until_scheduler_exits`` (stop it); on a native-gRPC follower ``Engine.shutdown``
+  ``block_until_scheduler_exits`` (stop it, and fail the node when a scheduler crashed:
+  upstream returns, and the node exits 0); on a native-gRPC follower ``Engine.shutdown``
   stops it too;
 - leader with native gRPC: ``RuntimeHandle.get_server_info`` (``GetServerInfo``) answers
   with the core builder, built once per launch and served as cached text;
@@ -31,7 +32,6 @@ imported, before any hook could run; the app serves only after the launch).
 from __future__ import annotations
 
 import logging
-import sys
 from typing import Any
 
 from sglang_sidecar_overlay.adapters import _disagg_dp_rank, _hooks, _sglang, _side_channel
@@ -43,8 +43,6 @@ GET_INIT_INFO = "sglang.srt.managers.scheduler.Scheduler.get_init_info"
 LAUNCH_SCHEDULERS = "sglang.srt.entrypoints.engine.Engine._launch_scheduler_processes"
 ENGINE_SHUTDOWN = "sglang.srt.entrypoints.engine.Engine.shutdown"
 LEADER_SERVER_INFO = "sglang.srt.entrypoints.grpc_bridge.RuntimeHandle.get_server_info"
-HTTP_SERVER = "sglang.srt.entrypoints.http_server"
-SERVER_INFO_PATH = "/server_info"
 
 FOLLOWER_ATTR = "grpc_server"
 LEADER_JSON_ATTR = "_sidecar_overlay_server_info_json"
@@ -101,9 +99,9 @@ def install_launch_hooks(names: list[str] | None = None) -> list[str]:
 
     Idempotent per process; returns the hook groups it added.
     """
-    http_server = sys.modules.get(HTTP_SERVER)
-    if http_server is not None:
-        rebind_server_info_route(http_server)
+    from sglang_sidecar_overlay.adapters import _common
+
+    _common.rebind_loaded_server_info_route(_common.rebuild_server_info)
     names = launch_groups() if names is None else names
     return _hooks.installed.install(_launch_hooks(names), names)
 
@@ -152,8 +150,10 @@ def around_launch_schedulers(original: Any, cls: Any, server_args: Any, *args: A
             _common.node_server_info(server_args, infos[0])
 
     def block_then_stop() -> None:
+        from sglang_sidecar_overlay.adapters import _common
+
         try:
-            block_until_exit()
+            _common.failing_on_scheduler_crash(block_until_exit, procs)()
         finally:
             stop_follower(init_result)
 
@@ -199,36 +199,6 @@ def leader_server_info(handle: Any) -> str:
         cached = render_server_info(info)
         setattr(handle, LEADER_JSON_ATTR, cached)
     return cached
-
-
-def rebind_server_info_route(http_server: Any) -> None:
-    """Point ``/server_info`` (and the deprecated alias) at the core builder. Idempotent."""
-    from fastapi.routing import APIRoute
-
-    routes = http_server.app.router.routes
-    for index, route in enumerate(routes):
-        if not isinstance(route, APIRoute) or route.path != SERVER_INFO_PATH:
-            continue
-        if getattr(route.endpoint, "_sidecar_overlay", False):
-            return
-        server_info = _core_server_info_endpoint(route.endpoint)
-        routes[index] = APIRoute(
-            route.path, server_info, methods=list(route.methods or ["GET"]), name=route.name
-        )
-        # The deprecated /get_server_info calls the module-level name.
-        http_server.server_info = server_info
-        return
-
-
-def _core_server_info_endpoint(upstream: Any) -> Any:
-    from sglang_sidecar_overlay.adapters import _common
-
-    async def server_info() -> dict:
-        return _common.rebuild_server_info(await upstream())
-
-    server_info._sidecar_overlay = True
-    server_info.__doc__ = upstream.__doc__
-    return server_info
 
 
 CHILD_HOOKS = {

@@ -9,6 +9,10 @@ redaction, legacy ``dp_size`` switch, health):
   ``GetServerInfo`` and HTTP ``/server_info`` alike (upstream's propagation fixes the
   ``from … import`` copies in ``grpc_bridge`` and ``http_server``); HTTP stays per request,
   because upstream merges live values (``internal_states``) into that body;
+- not a hook: when the launch starts, ``http_server``'s ``/server_info`` route (if that module
+  is loaded) is rebound to redact the whole body: upstream adds the schedulers'
+  ``internal_states`` (every resolved server arg, only watermark secrets redacted) after the
+  builder ran;
 - ``RuntimeHandle.get_server_info`` (native gRPC ``GetServerInfo`` on the leader): upstream's
   reply (the core builder's, redacted, plus ``grpc_features``) built on the first call and
   served as cached text for the rest of the launch. Everything in it is fixed at launch:
@@ -22,7 +26,9 @@ redaction, legacy ``dp_size`` switch, health):
   that the node's role needs (the builder, with native gRPC the cached ``GetServerInfo``, and
   with ``--sidecar`` the leader sidecar on the leader; the follower server on a native-gRPC
   follower), tells the schedulers it spawns which hooks they need, and records the launch's
-  processes for the follower server.
+  processes for the follower server. On a follower, its ``block_until_scheduler_exits`` fails
+  the node when a scheduler crashed (upstream joins, logs and returns, so the node would exit
+  0).
 
 In scheduler processes of a prefill node, the prefill sender registers and checks the
 bootstrap DP rank, the replica's under ordinary DP (``_disagg_dp_rank``, shared with
@@ -125,10 +131,15 @@ def _launch_hooks(names: list[str]) -> dict[str, tuple[_hooks.Hook, ...]]:
 
 
 def install_launch_hooks(names: list[str] | None = None) -> list[str]:
-    """Install the hooks this node's launch needs (``names``: :func:`launch_groups`).
+    """Install the hooks this node's launch needs (``names``: :func:`launch_groups`) and
+    rebind the HTTP ``/server_info`` route to redact its whole body if ``http_server`` is
+    loaded.
 
     Idempotent per process; returns the groups it added.
     """
+    from sglang_sidecar_overlay.adapters import _common
+
+    _common.rebind_loaded_server_info_route(_common.redacted_body)
     names = launch_groups() if names is None else names
     return _hooks.installed.install(_launch_hooks(names), names)
 
@@ -142,6 +153,10 @@ def around_launch_schedulers(original: Any, cls: Any, server_args: Any, *args: A
     with _hooks.exported_child_groups(children):
         init_result, procs = original(cls, server_args, *args, **kwargs)
     current_launch.record(init_result, procs)
+    if _sglang.node_rank() >= 1:
+        init_result.block_until_scheduler_exits = _common.failing_on_scheduler_crash(
+            init_result.block_until_scheduler_exits, procs
+        )
     return init_result, procs
 
 

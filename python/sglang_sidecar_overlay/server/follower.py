@@ -8,8 +8,10 @@ health goes NOT_SERVING at once; the server is stopped when all of them are gone
 short linger, so health watchers see NOT_SERVING before the port closes). ``stop()`` is
 idempotent and safe from any thread.
 
-A bind failure raises ``OSError`` naming the address; reaping the node's scheduler processes
-is the caller's job (it owns them). Pure core: nothing here imports SGLang.
+A bind failure raises ``OSError`` naming the address, and a scheduler that has already exited
+when the server would go live (a crash between the node's readiness and this start) raises
+``RuntimeError`` naming its pid; reaping the node's scheduler processes is the caller's job
+(it owns them). Pure core: nothing here imports SGLang.
 """
 
 from __future__ import annotations
@@ -77,25 +79,29 @@ class FollowerMetadataServer:
         return self._server.is_alive()
 
     def _open_pidfds(self) -> bool:
-        """Open a pidfd per scheduler; False when one has already exited."""
+        """Open a pidfd per scheduler; False when one has already exited (reaped or not)."""
         for pid in self._pids:
             try:
                 self._pidfds[pid] = os.pidfd_open(pid)
             except ProcessLookupError:
                 self.exited_pid = pid
                 return False
+        # A pidfd opens on an exited but unreaped child too; it is readable at once then.
+        exited = multiprocessing.connection.wait(list(self._pidfds.values()), timeout=0)
+        if exited:
+            self.exited_pid = {fd: pid for pid, fd in self._pidfds.items()}[exited[0]]
+            return False
         return True
 
     def _go_live(self) -> None:
         if not self._open_pidfds():
-            logger.error(
-                "scheduler process %d exited before the follower metadata server at %s "
-                "went live; health stays NOT_SERVING",
-                self.exited_pid,
-                self.address,
+            message = (
+                f"scheduler process {self.exited_pid} exited before the follower metadata "
+                f"server at {self.address} went live; the node cannot serve"
             )
+            logger.error("%s", message)
             self.stop()
-            return
+            raise RuntimeError(message)
         # SERVING only once the snapshot is installed and every scheduler is known alive.
         self._server.set_serving(True)
         logger.info(
@@ -181,7 +187,8 @@ def start_follower_server(
     """Bind, install the snapshot, go SERVING, and watch ``scheduler_pids``.
 
     Raises ``OSError`` (errno kept) naming ``host:port`` when the address cannot be bound,
-    ``ValueError`` for a bad host or snapshot. Nothing is left running on failure.
+    ``ValueError`` for a bad host or snapshot, ``RuntimeError`` naming the pid when a
+    scheduler has already exited. Nothing is left running on failure.
     """
     start = start or _native_start
     try:

@@ -1,10 +1,11 @@
 """A leader node through SGLang's real ``http_server.launch_server``, FastAPI lifespan included.
 
 Run as ``python -m overlay_harness.providers.http_node <sglang launch args…>``. Everything is
-SGLang's own launch path (``Engine._launch_subprocesses``, the real ``TokenizerManager`` and
-detokenizer process, ``_setup_and_run_http_server``, uvicorn, the ``lifespan`` that starts the
-native gRPC server and then ``--sidecar``). Only the scheduler is the harness's stand-in
-(``overlay_harness.standin``), passed through ``launch_server``'s own
+SGLang's own launch path: plugins loaded first, as ``sglang.launch_server``'s main and ``sglang
+serve`` do (so hooks on ``launch_server`` itself run), then ``Engine._launch_subprocesses``, the
+real ``TokenizerManager`` and detokenizer process, ``_setup_and_run_http_server``, uvicorn, the
+``lifespan`` that starts the native gRPC server and then ``--sidecar``. Only the scheduler is
+the harness's stand-in (``overlay_harness.standin``), passed through ``launch_server``'s own
 ``run_scheduler_process_func`` parameter; the tokenizer manager and detokenizer are upstream's
 defaults. Run it with ``--skip-tokenizer-init`` (the model directory holds a config only) and
 ``--skip-server-warmup`` (the stand-in runs no model to warm up against).
@@ -28,10 +29,14 @@ from overlay_harness import node
 def main(argv: list[str]) -> int:
     node._take_stdout()
     from sglang.srt.entrypoints import http_server
+    from sglang.srt.plugins import load_plugins
     from sglang.srt.server_args import prepare_server_args
 
     from overlay_harness.standin import run_standin_scheduler
 
+    # As ``python -m sglang.launch_server`` and ``sglang serve`` do: plugins first, so hooks on
+    # ``launch_server`` itself run (``_launch_subprocesses`` loading them again is a no-op).
+    load_plugins()
     server_args = prepare_server_args(argv)
 
     def ready() -> None:

@@ -6,7 +6,9 @@ app is awaited with the global state a running frontend would hold (a stand-in t
 manager: it needs a model to exist for real). The plugin installs a leader's HTTP hooks when
 the launch starts (``install_launch_hooks``, called directly here: this test launches
 nothing). On 0.5.19–0.5.21 that rebinds the route; on 0.5.22+ the route calls SGLang's
-``build_server_info``, which the overlay replaces.
+``build_server_info``, which the overlay replaces, and is rebound to redact the extras
+upstream adds after the builder (the schedulers' ``internal_states``: every resolved server
+arg).
 """
 
 import asyncio
@@ -53,16 +55,16 @@ class TestHttpServerInfo(CustomTestCase):
         HookRegistry.apply_hooks()
         adapter = importlib.import_module(plugin.installed_adapter() or "")
         # What a leader's launch installs for HTTP /server_info (0.5.19-0.5.21: no hook, the
-        # route is rebound; 0.5.22+: the builder hook).
+        # route is rebound; 0.5.22+: the builder hook, and the route rebound to redact).
         adapter.install_launch_hooks(["leader"] if hasattr(adapter, "BUILD_SERVER_INFO") else [])
 
     @classmethod
     def tearDownClass(cls):
         cls._tmp.cleanup()
 
-    def _server_info(self) -> dict:
+    def _server_info(self, internal_states: list | None = None) -> dict:
         async def internal_state():
-            return [{"stand_in": True}]
+            return internal_states or [{"stand_in": True}]
 
         manager = types.SimpleNamespace(
             server_args=self.server_args,
@@ -86,6 +88,22 @@ class TestHttpServerInfo(CustomTestCase):
         # Upstream's HTTP-only extras survive.
         self.assertEqual(info["internal_states"], [{"stand_in": True}])
         jsonschema.validate(info, schema.load_schema())
+
+    def test_internal_states_are_redacted(self):
+        # What a scheduler answers: its resolved server args, secrets included.
+        canaries = ["c4a9f1e2b3d40001", "c4a9f1e2b3d40002", "c4a9f1e2b3d40003"]
+        states = [
+            {
+                "api_key": canaries[0],
+                "hicache_storage_backend_extra_config": json.dumps({"secret_key": canaries[1]}),
+                "served_model_name": f"s3://user:{canaries[2]}@bucket/m",
+                "tp_size": 2,
+            }
+        ]
+        info = self._server_info(states)
+        text = json.dumps(info)
+        self.assertEqual([c for c in canaries if c in text], [])
+        self.assertEqual(info["internal_states"][0]["tp_size"], 2)
 
     def test_legacy_dp_size_switch_reaches_http(self):
         with mock.patch.dict(os.environ, {server_info.LEGACY_DP_SIZE_ENV: "1"}):
