@@ -14,9 +14,10 @@ Faults:
   stand-in's ``kill_after_ready``: its ready message reaches the node only once it is dead):
   the follower (``launch_server``, SGLang's blocking follower branch) fails naming the
   scheduler, as the overlay's server finds it dead before going live;
-- a follower's scheduler SIGKILLed while the follower serves (metadata server SERVING):
-  SGLang's follower branch joins it, logs it and returns, so ``launch_server`` would exit 0;
-  the overlay fails the node naming the scheduler and the signal;
+- one of a follower's two schedulers SIGKILLed while the follower serves (metadata server
+  SERVING), the one SGLang's follower branch joins last: SGLang would wait on the live one,
+  and once both ended log them and return, so ``launch_server`` would exit 0; the overlay
+  waits on both, reaps the other and fails the node naming the scheduler and the signal;
 - the follower's metadata port already taken: the launch fails naming the address;
 - the leader's scheduler SIGKILLed while serving (a ``--sidecar`` running): SGLang's
   ``SubprocessWatchdog`` names the crashed scheduler and SIGQUITs the server; the sidecar goes
@@ -195,7 +196,10 @@ class TestLaunchFaults(CustomTestCase):
             )
 
     def test_follower_scheduler_killed_while_serving(self):
-        group = EngineGroup(self.model, 2, ["--tp", "2"])
+        # Two schedulers on the follower (TP 4 over two nodes); the one killed is the one
+        # SGLang's follower branch joins last, so waiting on them in order would block on the
+        # live one forever.
+        group = EngineGroup(self.model, 2, ["--tp", "4"])
         port = group.grpc_ports[1]
         with self.node(LaunchServerFollower, group.for_node(1), "follower") as follower:
             cluster.wait_for(
@@ -204,18 +208,18 @@ class TestLaunchFaults(CustomTestCase):
                 "the follower metadata server to be SERVING",
             )
             self.assertIsNone(follower.proc.poll(), follower.log_tail())
-            schedulers = spawned_children(follower.proc.pid)
-            self.assertEqual(len(schedulers), 1, schedulers)
-            os.kill(schedulers[0], signal.SIGKILL)
+            schedulers = sorted(spawned_children(follower.proc.pid))
+            self.assertEqual(len(schedulers), 2, schedulers)
+            os.kill(schedulers[-1], signal.SIGKILL)
             killed_at = time.monotonic()
             event = follower.ready(timeout=CLEAN_DEADLINE)
             follower.proc.wait(timeout=CLEAN_DEADLINE)
             self.assertNotEqual(follower.proc.returncode, 0, follower.log_tail())
             self.assertEqual(event["event"], "error", event)
-            self.assertIn(f"scheduler process {schedulers[0]} (signal SIGKILL)", event["error"])
+            self.assertIn(f"scheduler process {schedulers[-1]} (signal SIGKILL)", event["error"])
             wait_clean(follower)
             report(
-                "follower scheduler SIGKILLed while the follower serves",
+                "one of two follower schedulers SIGKILLed while the follower serves",
                 f"exit {follower.proc.returncode}: {event['error'][:160]}",
                 time.monotonic() - killed_at,
             )

@@ -202,22 +202,45 @@ def exit_description(exitcode: int) -> str:
 def failing_on_scheduler_crash(block: Callable[[], None], procs: Any) -> Callable[[], None]:
     """``block_until_scheduler_exits`` of a follower node that fails when a scheduler crashed.
 
-    SGLang's follower branch joins its scheduler processes, logs each exit and returns, so
-    ``launch_server`` returns and the node exits 0 even when a scheduler was killed. A
-    non-zero exit (or a signal) of any of them raises instead, naming the process and how it
-    ended, so the node exits non-zero with the cause. Orderly stops (exit code 0) return.
+    SGLang's follower branch joins its scheduler processes in order, logs each exit and
+    returns, so ``launch_server`` returns and the node exits 0 even when a scheduler was
+    killed, and it keeps waiting on the first one while a later one is already dead. This
+    waits on all of them at once instead: the first non-zero exit (or signal) reaps the
+    node's other schedulers and raises, naming the process and how it ended, so the node
+    exits non-zero with the cause. When every one ends with exit code 0, upstream's join
+    runs as before.
     """
 
     def block_then_check() -> None:
-        block()
-        crashed = [p for p in procs or [] if p.exitcode not in (None, 0)]
-        if crashed:
-            ended = ", ".join(f"{p.pid} ({exit_description(p.exitcode)})" for p in crashed)
-            message = (
-                f"follower node {_sglang.node_rank()}: scheduler process {ended} ended while "
-                "the node served; the node stops"
-            )
-            logger.error("%s", message)
-            raise RuntimeError(message)
+        crashed = _first_crash(list(procs or []))
+        if crashed is None:
+            block()
+            crashed = next((p for p in procs or [] if p.exitcode not in (None, 0)), None)
+        if crashed is None:
+            return
+        _sglang.reap(p for p in procs or [] if p.exitcode is None)
+        message = (
+            f"follower node {_sglang.node_rank()}: scheduler process {crashed.pid} "
+            f"({exit_description(crashed.exitcode)}) ended while the node served; the node stops"
+        )
+        logger.error("%s", message)
+        raise RuntimeError(message)
 
     return block_then_check
+
+
+def _first_crash(procs: list[Any]) -> Any | None:
+    """Wait until every process has ended or one has ended badly; that one, or None.
+
+    Processes without a ``sentinel`` (not ``multiprocessing`` ones) are left to upstream.
+    """
+    from multiprocessing.connection import wait
+
+    pending = [p for p in procs if getattr(p, "sentinel", None) is not None]
+    while pending:
+        wait([p.sentinel for p in pending])
+        for proc in [p for p in pending if p.exitcode is not None]:
+            pending.remove(proc)
+            if proc.exitcode != 0:
+                return proc
+    return None
