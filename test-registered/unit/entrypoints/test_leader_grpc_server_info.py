@@ -8,7 +8,6 @@ Each handle is made without ``__init__``, which would start the tokenizer manage
 a stand-in tokenizer manager carries the real server args (it needs a model to exist for real).
 """
 
-import importlib
 import json
 import tempfile
 import types
@@ -16,41 +15,22 @@ import unittest
 from pathlib import Path
 
 import jsonschema
-from overlay_harness import cluster
+from overlay_harness import in_process
+from overlay_harness.in_process import SOURCES
 from sglang.srt.entrypoints.grpc_bridge import RuntimeHandle
-from sglang.srt.plugins.hook_registry import HookRegistry
-from sglang.srt.server_args import prepare_server_args
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.test_utils import CustomTestCase
-from sglang_sidecar_overlay import plugin
 from sglang_sidecar_overlay.contract import schema
 
 register_cpu_ci(est_time=60, suite="base-a-test-cpu")
-
-SOURCES = [
-    {"dp_rank": 1, "endpoint": "tcp://127.0.0.1:45558", "topic": "", "block_size": 1},
-    {"dp_rank": 0, "endpoint": "tcp://127.0.0.1:45557", "topic": "", "block_size": 1},
-]
 
 
 class TestLeaderGrpcServerInfo(CustomTestCase):
     @classmethod
     def setUpClass(cls):
         cls._tmp = tempfile.TemporaryDirectory(prefix="overlay-model-")
-        model = cluster.write_tiny_model(Path(cls._tmp.name) / "tiny-llama")
-        kv_events = json.dumps({"publisher": "zmq", "endpoint": "tcp://*:45557", "topic": ""})
-        cls.server_args = prepare_server_args(
-            ["--model-path", str(model), "--skip-tokenizer-init", "--device", "cpu",
-             "--tp", "2", "--dp", "2", "--enable-dp-attention", "--grpc-port", "45999",
-             "--kv-events-config", kv_events]
-        )  # fmt: skip
-        cls.server_args.resolve_once()
-        plugin.load()
-        HookRegistry.apply_hooks()
-        adapter = importlib.import_module(plugin.installed_adapter() or "")
-        # A native-gRPC leader's launch-time groups (0.5.22+ also hooks the builder).
-        leader = ["leader"] if hasattr(adapter, "BUILD_SERVER_INFO") else []
-        adapter.install_launch_hooks([*leader, "leader_grpc"])
+        # A native-gRPC leader's launch-time groups.
+        cls.server_args = in_process.leader_with_launch_hooks(Path(cls._tmp.name), ["leader_grpc"])
 
     @classmethod
     def tearDownClass(cls):
