@@ -69,7 +69,7 @@ test-registered:
 	$(PY) scripts/sglang_envs.py test --releases $(SGLANG_RELEASES) --wheel-dir $(WHEEL_DIR)
 
 test: rust-check install python-lint test-unit fresh-venv-check patches-check test-registered \
-	benchmark-smoke
+	test-patched benchmark-smoke
 
 # Every benchmark row once with tiny durations, nothing written: keeps `make benchmark` from
 # rotting (runs after test-registered, whose cached SGLang envs rows 4 and 5 use).
@@ -85,8 +85,10 @@ patches-check:
 patched-wheel:
 	$(PYTHON) scripts/patches.py wheel --out dist-patched
 
-# The scenarios of test-registered/ against the rebuilt wheel, the plugin not loaded.
+# The series' own upstream-layout tests, then the scenarios of test-registered/, against the
+# rebuilt wheel with the plugin not loaded.
 test-patched:
+	$(PYTHON) scripts/patches.py series-tests
 	$(PY) scripts/sglang_envs.py test --patched --releases 0.5.23 --wheel-dir $(WHEEL_DIR)
 
 selftest: install

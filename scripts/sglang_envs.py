@@ -383,6 +383,7 @@ PLUGINS_ENV = "SGLANG_OVERLAY_TEST_PLUGINS"
 EQUIVALENCE_FILES = (
     "test-registered/unit/entrypoints/test_follower_metadata.py",
     "test-registered/unit/entrypoints/test_sidecar_launch.py",
+    "test-registered/disaggregation/test_ordinary_dp_bootstrap_rank.py",
 )
 # Tells the tests which side they run on (test-registered/overlay_harness/differences.py).
 SIDE_ENV, REBUILT_WHEEL = "SGLANG_OVERLAY_TEST_SIDE", "rebuilt-wheel"
