@@ -3,7 +3,9 @@
 SGLang's ``HookRegistry`` pays for every hooked target: after patching it, ``_propagate_patch``
 walks every loaded module to rebind ``from … import`` copies (about 20 ms per target in an
 engine process holding ~6,000 modules, on every supported release; methods of classes are
-walked too). So the adapters hook as few targets per process as its role needs:
+walked too, and the registry offers no way to skip the walk). That walk is nearly all of the
+plugin's cost, so the adapters hook as few targets per process as its role needs, and import
+only what a hook needs when it runs:
 
 - **Engine process**, at ``load_plugins()``: one hook, on
   ``Engine._launch_scheduler_processes``. When a launch starts, SGLang has published the
