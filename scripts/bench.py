@@ -737,6 +737,10 @@ def _ratio(a: float, b: float) -> str:
     return f"{a / b:.2f}×" if b else "n/a"
 
 
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
 def _ms(seconds: float) -> str:
     return f"{seconds * 1000:.1f}"
 
@@ -943,8 +947,8 @@ def _render_plugin(results: dict[str, Any]) -> list[str]:
         hooked = targets[0] + (targets[1] or 0)
         lines += [
             "",
-            f"Here `load_plugins()` hooked {targets[0]} target(s) and the leader's launch "
-            f"{targets[1]}: {hooked} walks, about {_ms(hooked * walk)} of the "
+            f"Here `load_plugins()` hooked {_count(targets[0], 'target')} and the leader's "
+            f"launch {targets[1]} more: {hooked} walks, about {_ms(hooked * walk)} of the "
             f"{_ms(w - wo + launch)} ms the two steps add.",
         ]
     return lines
