@@ -557,10 +557,12 @@ for name in () if sys.argv[1:] == ["bare"] else ENGINE_MODULES:
         pass
 t0 = time.perf_counter()
 import sglang.srt.plugins as plugins
+from sglang.srt.plugins import hook_registry
 t1 = time.perf_counter()
 plugins.load_plugins()
 t2 = time.perf_counter()
 overlay_modules = sorted(m for m in sys.modules if m.startswith("sglang_sidecar_overlay"))
+targets = [len(hook_registry.HookRegistry._patched), None]
 launch = None
 if overlay_modules:
     # What the launch hook adds on a leader (native gRPC, no --sidecar) once a launch starts.
@@ -571,8 +573,15 @@ if overlay_modules:
     leader = ["leader"] if hasattr(adapter, "BUILD_SERVER_INFO") else []
     adapter.install_launch_hooks([*leader, "leader_grpc"])
     launch = time.perf_counter() - t2
+    targets[1] = len(hook_registry.HookRegistry._patched) - targets[0]
+# The registry's walk over every loaded module after patching a target, once, for an object
+# no module holds: what each hooked target costs on top of wrapping it.
+t3 = time.perf_counter()
+hook_registry._propagate_patch(object(), object(), None)
+walk = time.perf_counter() - t3
 print(json.dumps({"import_framework": t1 - t0, "load_plugins": t2 - t1,
-                  "leader_launch": launch, "overlay_modules": overlay_modules}))
+                  "leader_launch": launch, "overlay_modules": overlay_modules,
+                  "targets": targets, "walk": walk}))
 """
 
 
@@ -600,7 +609,7 @@ def plugin_cost(python: str | None, runs: int, bare: bool = False) -> dict[str, 
     import sglang_sidecar_overlay
 
     installed = Path(sglang_sidecar_overlay.__file__).parent
-    out: dict[str, list[float]] = {"with": [], "without": [], "leader_launch": []}
+    out: dict[str, Any] = {"with": [], "without": [], "leader_launch": [], "walk": []}
     with tempfile.TemporaryDirectory(prefix="bench-plugin-") as site:
         shutil.copytree(installed, Path(site) / "sglang_sidecar_overlay")
         _plugin_dist_info(Path(site))
@@ -620,8 +629,10 @@ def plugin_cost(python: str | None, runs: int, bare: bool = False) -> dict[str, 
                 if case == "with" and not result["overlay_modules"]:
                     return {"error": "the plugin was not loaded by load_plugins()"}
                 out[case].append(result["load_plugins"])
+                out["walk"].append(result["walk"])
                 if case == "with":
                     out["leader_launch"].append(result["leader_launch"])
+                    out["targets"] = result["targets"]
     return out
 
 
@@ -724,6 +735,10 @@ def _render_leader_info(results: dict[str, Any]) -> list[str]:
 
 def _ratio(a: float, b: float) -> str:
     return f"{a / b:.2f}×" if b else "n/a"
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
 
 
 def _ms(seconds: float) -> str:
@@ -893,8 +908,10 @@ def _render_plugin(results: dict[str, Any]) -> list[str]:
     if "error" in pc:
         return [*lines, f"Not measured: {pc['error']}."]
     w, wo = statistics.median(pc["with"]), statistics.median(pc["without"])
-    return [
-        *lines,
+    launch = statistics.median(pc["leader_launch"]) if pc.get("leader_launch") else None
+    walk = statistics.median(pc["walk"]) if pc.get("walk") else None
+    targets = pc.get("targets")
+    lines += [
         "`load_plugins()` in a fresh process that has already imported the modules an engine "
         "process holds at that point (engine, HTTP server, scheduler, KV events, ...), allowed "
         "to load this plugin (`SGLANG_PLUGINS=sidecar_overlay`) vs allow-listing nothing.",
@@ -904,22 +921,37 @@ def _render_plugin(results: dict[str, Any]) -> list[str]:
         f"| with the plugin | {_ms(w)} | {_ms(max(pc['with']))} |",
         f"| without | {_ms(wo)} | {_ms(max(pc['without']))} |",
         f"| added by the plugin | {_ms(w - wo)} | |",
-        *(
-            [
-                f"| added when a leader's launch starts (native gRPC, no `--sidecar`) "
-                f"| {_ms(statistics.median(pc['leader_launch']))} "
-                f"| {_ms(max(pc['leader_launch']))} |"
-            ]
-            if pc.get("leader_launch")
-            else []
-        ),
-        "",
-        "Each hooked target costs SGLang's `HookRegistry` a walk over every loaded module, so "
-        "`load_plugins()` registers one hook in the engine process and the launch installs what "
-        "the node's role needs (`adapters/_hooks.py`). The last row is that second step for a "
-        "leader: the overlay's builder imported, the launch's incarnation begun, its hook "
-        "applied.",
     ]
+    if launch is not None:
+        lines.append(
+            f"| added when a leader's launch starts (native gRPC, no `--sidecar`) "
+            f"| {_ms(launch)} | {_ms(max(pc['leader_launch']))} |"
+        )
+    if walk is not None:
+        lines.append(
+            f"| SGLang's walk over the loaded modules, once (paid per hooked target) "
+            f"| {_ms(walk)} | {_ms(max(pc['walk']))} |"
+        )
+    lines += [
+        "",
+        "Most of it is SGLang's `HookRegistry`: after patching a target it walks every loaded "
+        "module to rebind `from … import` copies of it, for methods of classes too, which no "
+        "such import can copy. So `load_plugins()` hooks one target in the engine process and "
+        "the launch hooks only what the node's role needs (`adapters/_hooks.py`); the rest is "
+        "the plugin's own imports (the adapter and its hook list at `load_plugins()`, the "
+        "builder when a launch starts) and the installed SGLang's version, read from its "
+        "metadata header. The launch row is that second step for a leader: the overlay's "
+        "builder imported, the launch's incarnation begun, its hooks applied.",
+    ]
+    if walk is not None and targets and launch is not None:
+        hooked = targets[0] + (targets[1] or 0)
+        lines += [
+            "",
+            f"Here `load_plugins()` hooked {_count(targets[0], 'target')} and the leader's "
+            f"launch {targets[1]} more: {hooked} walks, about {_ms(hooked * walk)} of the "
+            f"{_ms(w - wo + launch)} ms the two steps add.",
+        ]
+    return lines
 
 
 def main() -> None:

@@ -12,7 +12,7 @@ import logging
 import signal
 import sys
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sglang_sidecar_overlay.adapters import _sglang
 from sglang_sidecar_overlay.contract.endpoints import is_bind_endpoint
@@ -25,7 +25,9 @@ from sglang_sidecar_overlay.contract.server_info import (
     to_jsonable,
 )
 from sglang_sidecar_overlay.contract.sources import describe_source
-from sglang_sidecar_overlay.server.follower import FollowerMetadataServer, start_follower_server
+
+if TYPE_CHECKING:
+    from sglang_sidecar_overlay.server.follower import FollowerMetadataServer
 
 logger = logging.getLogger("sglang_sidecar_overlay.adapters")
 
@@ -175,6 +177,9 @@ def start_node_follower(
     server_args: Any, scheduler_info: Mapping[str, Any], scheduler_pids: Iterable[int]
 ) -> FollowerMetadataServer:
     """Start this follower node's metadata server on ``--host``/``--grpc-port``."""
+    # Imported here: only a follower's engine process serves its own metadata.
+    from sglang_sidecar_overlay.server.follower import start_follower_server
+
     cfg = _sglang.serving()
     info = node_server_info(server_args, scheduler_info)
     server = start_follower_server(

@@ -3,7 +3,9 @@
 SGLang's ``HookRegistry`` pays for every hooked target: after patching it, ``_propagate_patch``
 walks every loaded module to rebind ``from … import`` copies (about 20 ms per target in an
 engine process holding ~6,000 modules, on every supported release; methods of classes are
-walked too). So the adapters hook as few targets per process as its role needs:
+walked too, and the registry offers no way to skip the walk). That walk is nearly all of the
+plugin's cost, so the adapters hook as few targets per process as its role needs, and import
+only what a hook needs when it runs:
 
 - **Engine process**, at ``load_plugins()``: one hook, on
   ``Engine._launch_scheduler_processes``. When a launch starts, SGLang has published the
@@ -24,11 +26,10 @@ walked too). So the adapters hook as few targets per process as its role needs:
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 CHILD_HOOKS_ENV = "SGLANG_SIDECAR_OVERLAY_CHILD_HOOKS"
 # How SGLang names this plugin (its entry point) and its distribution in the registry's logs.
@@ -36,8 +37,9 @@ PLUGIN_NAME = "sidecar_overlay"
 DIST_NAME = "sglang-sidecar-overlay"
 
 
-@dataclasses.dataclass(frozen=True)
-class Hook:
+# A NamedTuple, not a dataclass: every process that loads the plugin defines it, and a
+# dataclass costs about 1 ms more to define.
+class Hook(NamedTuple):
     """One ``HookRegistry`` registration: target path, hook function, ``HookType`` name."""
 
     target: str
