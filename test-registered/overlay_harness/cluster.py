@@ -263,6 +263,19 @@ class Node:
         return self.proc.returncode
 
 
+class HttpLeader(Node):
+    """A leader through SGLang's real ``http_server.launch_server``
+    (``overlay_harness.providers.http_node``): uvicorn, the FastAPI lifespan, HTTP
+    ``/server_info``; same session, tag and log handling as a ``Node``."""
+
+    module = "overlay_harness.providers.http_node"
+
+    def terminate(self, timeout: float = 90.0) -> int:
+        """SIGTERM to the server process only, as an orchestrator's stop sends it."""
+        os.kill(self.proc.pid, signal.SIGTERM)
+        return self.proc.wait(timeout=timeout)
+
+
 def node_rank_of(args: list[str]) -> int:
     return int(args[args.index("--node-rank") + 1]) if "--node-rank" in args else 0
 

@@ -40,7 +40,7 @@ from pathlib import Path
 from unittest import mock
 
 from overlay_harness import cluster, differences
-from overlay_harness.cluster import EngineGroup
+from overlay_harness.cluster import EngineGroup, HttpLeader
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.test_utils import CustomTestCase
 from sglang_sidecar_overlay import releases
@@ -73,17 +73,6 @@ def _dynamo_installed() -> bool:
     with contextlib.suppress(ImportError, ValueError):
         return importlib.util.find_spec(DYNAMO) is not None
     return False
-
-
-class HttpLeader(cluster.Node):
-    """A leader node through ``launch_server`` (same session/tag/log handling as a Node)."""
-
-    module = "overlay_harness.providers.http_node"
-
-    def terminate(self) -> int:
-        """SIGTERM to the server process only, as an orchestrator's stop sends it."""
-        os.kill(self.proc.pid, signal.SIGTERM)
-        return self.proc.wait(timeout=STOP_DEADLINE)
 
 
 def read_report(path: Path) -> list[dict]:
@@ -155,7 +144,7 @@ class TestSidecarLaunch(CustomTestCase):
             # SIGTERM reaches the real tokenizer manager's handler: the overlay stops the
             # sidecar at once; SGLang drains, kills the node's children, then (0.5.20+) stops
             # uvicorn, whose lifespan shuts gRPC down.
-            self.assertIn(node.terminate(), (0, -signal.SIGTERM), node.log_tail())
+            self.assertIn(node.terminate(STOP_DEADLINE), (0, -signal.SIGTERM), node.log_tail())
             steps = [r["step"] for r in read_report(report)]
             self.assertEqual(steps[-2:], ["sigterm", "exiting"])
             log = node.log_path.read_text(errors="replace")
