@@ -246,12 +246,16 @@ class TestSidecarLaunch(CustomTestCase):
                     # above, before the consumer's first wait line.
                     self.assertNotIn("follower metadata server at", log)
                 else:
-                    # The metadata server serves before the sidecar starts and stops after it.
-                    server_serving = log_index(log, "is SERVING")
+                    # The metadata server serves before the sidecar starts and stops after it,
+                    # through SGLang's Engine.shutdown (0.5.19-0.5.21: the overlay's BEFORE
+                    # hook; 0.5.22+: stop_grpc_server), i.e. before the schedulers are killed:
+                    # no scheduler exit is seen first.
+                    server = f"follower metadata server at 127.0.0.1:{group.grpc_ports[1]}"
+                    server_serving = log_index(log, f"{server} is SERVING")
+                    server_stopped = log_index(log, f"{server} stopped")
                     self.assertLess(server_serving, sidecar_started)
-                    self.assertLess(sidecar_stopped, log.rindex("follower metadata server at"))
-                    server_line = log_index(log, "follower metadata server at 127.0.0.1")
-                    self.assertIn("stopped", log[server_line:])
+                    self.assertLess(sidecar_stopped, server_stopped)
+                    self.assertNotIn(f"{server} is NOT_SERVING", log[:server_stopped])
                 for ln in log.splitlines():
                     if "follower sidecar" in ln:
                         sys.stderr.write(f"[{RELEASE}] {ln}\n")
