@@ -23,6 +23,7 @@ alias is redacted too and that the non-secret parts of ``internal_states`` survi
 import contextlib
 import json
 import os
+import socket
 import subprocess
 import sys
 import tempfile
@@ -39,7 +40,7 @@ from sglang.test.test_utils import CustomTestCase
 from sglang_sidecar_overlay.contract import schema, server_info
 from sglang_sidecar_overlay.contract.redaction import REDACTED
 
-register_cpu_ci(est_time=60, suite="base-a-test-cpu")
+register_cpu_ci(est_time=56, suite="base-a-test-cpu")
 
 # The route waits for both DP groups' internal state through the DP controller.
 HTTP_DEADLINE = 120.0
@@ -47,6 +48,12 @@ STOP_DEADLINE = 60.0
 ROUTES = ("/server_info", "/get_server_info")
 CANARY = "c4a9f1e2b3d4e5f60013"
 EXTRA_CONFIG = {"secret_key": CANARY, "prefix": "overlay-http"}
+
+
+def http_listening(port: int) -> bool:
+    with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=5):
+        return True
+    return False
 
 
 def http_get_json(port: int, path: str) -> dict:
@@ -73,6 +80,9 @@ class TestHttpServerInfo(CustomTestCase):
         try:
             cls.leader.expect_ready()
             port = cls.group.http_ports[0]
+            # With --skip-server-warmup, launch_callback can run before uvicorn has bound its
+            # socket (seen on 0.5.23: its own post-warmup request is refused too).
+            cluster.wait_for(lambda: http_listening(port), HTTP_DEADLINE, "uvicorn to listen")
             cls.bodies = {path: http_get_json(port, path) for path in ROUTES}
             cls.grpc_info = cluster.get_server_info(cls.group.grpc_ports[0])
         except BaseException:
