@@ -369,9 +369,19 @@ class HealthWatch:
             response_deserializer=lambda b: b,
         )
         self._stream = watch(_grpc_wire.encode_health_check_request(""), timeout=120.0)
+        self._seen: list[int] = []
+
+    def first_status(self) -> int:
+        """The status the server sends when the watch starts (the stream is open from then)."""
+        if not self._seen:
+            self._seen.append(_grpc_wire.decode_health_check_response(next(self._stream)))
+        return self._seen[0]
 
     def statuses_until(self, wanted: int) -> list[int]:
-        seen = []
+        """Every status sent since the watch started, up to the first ``wanted``."""
+        seen = list(self._seen)
+        if seen and seen[-1] == wanted:
+            return seen
         for reply in self._stream:
             seen.append(_grpc_wire.decode_health_check_response(reply))
             if seen[-1] == wanted:
