@@ -42,7 +42,7 @@ from pathlib import Path
 from unittest import mock
 
 from overlay_harness import cluster, standin
-from overlay_harness.cluster import EngineGroup
+from overlay_harness.cluster import EngineGroup, HttpLeader
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.test_utils import CustomTestCase
 from sglang_sidecar_overlay import releases
@@ -58,10 +58,6 @@ CLEAN_DEADLINE = 60.0
 SIDECAR_GONE_DEADLINE = 2.0
 DUMP_PROVIDER = "security.sidecar_dump"
 CRASHING_PROVIDER = "faults.crashing_sidecar"
-
-
-class HttpLeader(cluster.Node):
-    module = "overlay_harness.providers.http_node"
 
 
 class LaunchServerFollower(cluster.Node):

@@ -263,6 +263,19 @@ class Node:
         return self.proc.returncode
 
 
+class HttpLeader(Node):
+    """A leader through SGLang's real ``http_server.launch_server``
+    (``overlay_harness.providers.http_node``): uvicorn, the FastAPI lifespan, HTTP
+    ``/server_info``; same session, tag and log handling as a ``Node``."""
+
+    module = "overlay_harness.providers.http_node"
+
+    def terminate(self, timeout: float = 90.0) -> int:
+        """SIGTERM to the server process only, as an orchestrator's stop sends it."""
+        os.kill(self.proc.pid, signal.SIGTERM)
+        return self.proc.wait(timeout=timeout)
+
+
 def node_rank_of(args: list[str]) -> int:
     return int(args[args.index("--node-rank") + 1]) if "--node-rank" in args else 0
 
@@ -356,9 +369,19 @@ class HealthWatch:
             response_deserializer=lambda b: b,
         )
         self._stream = watch(_grpc_wire.encode_health_check_request(""), timeout=120.0)
+        self._seen: list[int] = []
+
+    def first_status(self) -> int:
+        """The status the server sends when the watch starts (the stream is open from then)."""
+        if not self._seen:
+            self._seen.append(_grpc_wire.decode_health_check_response(next(self._stream)))
+        return self._seen[0]
 
     def statuses_until(self, wanted: int) -> list[int]:
-        seen = []
+        """Every status sent since the watch started, up to the first ``wanted``."""
+        seen = list(self._seen)
+        if seen and seen[-1] == wanted:
+            return seen
         for reply in self._stream:
             seen.append(_grpc_wire.decode_health_check_response(reply))
             if seen[-1] == wanted:

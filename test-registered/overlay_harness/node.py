@@ -18,7 +18,9 @@ The scheduler (``overlay_harness.standin``) is the only stand-in.
 
 Protocol on stdout: one JSON line ``{"event": "ready", "pids": [...], "grpc_port": P}`` or
 ``{"event": "error", "error": "..."}`` (then exit 1). The node keeps running until its stdin
-closes, then stops what it started (``Engine.shutdown``'s follower stop included) and exits.
+closes, then stops as the Engine API does: SGLang's own ``Engine.shutdown`` on an ``Engine``
+holding what ``Engine.__init__`` keeps after this launch (so the hooks on it run through
+SGLang: the follower server's stop, then the node's process tree killed), and exits.
 """
 
 from __future__ import annotations
@@ -77,7 +79,15 @@ def main(argv: list[str]) -> int:
             run_scheduler_process_func=run_standin_scheduler,
             run_detokenizer_process_func=Engine.run_detokenizer_process_func,
         )
-        tokenizer_manager, template_manager, _ports, init_result = result[:4]
+        tokenizer_manager, template_manager, port_args, init_result = result[:4]
+        # What Engine.__init__ keeps after this launch, for SGLang's own Engine.shutdown.
+        engine = Engine.__new__(Engine)
+        engine.server_args = server_args
+        engine.port_args = port_args
+        engine.tokenizer_manager = tokenizer_manager
+        engine.template_manager = template_manager
+        engine._scheduler_init_result = init_result
+        engine.send_to_rpc = None
         if node_rank == 0:
             from sglang.srt.entrypoints import http_server
             from sglang.srt.runtime_context import get_serving
@@ -89,9 +99,6 @@ def main(argv: list[str]) -> int:
                 scheduler_info=init_result.scheduler_infos[0],
                 grpc_port=get_serving().grpc_port,
             )
-        # An Engine object as the Engine API holds it after launch, for shutdown().
-        engine = Engine.__new__(Engine)
-        engine._scheduler_init_result = init_result
     except BaseException as exc:  # report, then fail the node as the launcher would
         _emit({"event": "error", "error": f"{type(exc).__name__}: {exc}"})
         return 1
@@ -104,43 +111,13 @@ def main(argv: list[str]) -> int:
     )
     _serve_until_stdin_closes(tokenizer_manager)
     try:
-        _stop_follower(engine)
-    finally:
-        if grpc_handle is not None:
+        if grpc_handle is not None:  # the HTTP lifespan's stop of the leader's server
             grpc_handle.shutdown()
-        _reap_children()
+    finally:
+        # The follower server's stop (0.5.19-0.5.21: the overlay's BEFORE hook; 0.5.22+:
+        # upstream's stop_grpc_server), then every child process of this node killed.
+        engine.shutdown()
     return 0
-
-
-def _reap_children() -> None:
-    """What ``Engine.shutdown`` does last: kill this node's process tree, itself excepted.
-
-    Schedulers and the detokenizer only exit when their parent goes away, and
-    multiprocessing's exit handler would otherwise wait for them forever.
-    """
-    from sglang.srt.utils.common import kill_process_tree
-
-    kill_process_tree(os.getpid(), include_parent=False, wait_timeout=60)
-
-
-def _stop_follower(engine: Any) -> None:
-    """What ``Engine.shutdown`` does for the follower server, through the hooked method."""
-    from sglang.srt.entrypoints.engine import Engine
-
-    init_result = engine._scheduler_init_result
-    stop = getattr(init_result, "stop_grpc_server", None)
-    if callable(stop):  # 0.5.22+: upstream's own stop, which calls our handle's shutdown()
-        stop()
-        return
-    # 0.5.19-0.5.21: the overlay's BEFORE hook on Engine.shutdown stops the server; the
-    # rest of shutdown needs a full Engine and is not part of this node.
-    hooked = Engine.shutdown
-    before = getattr(hooked, "__wrapped__", None)
-    if before is None:
-        return
-    from sglang_sidecar_overlay.adapters import v0_5_19
-
-    v0_5_19.before_engine_shutdown(engine)
 
 
 if __name__ == "__main__":

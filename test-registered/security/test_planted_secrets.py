@@ -47,7 +47,7 @@ from unittest import mock
 import grpc
 import msgspec
 from overlay_harness import cluster
-from overlay_harness.cluster import EngineGroup
+from overlay_harness.cluster import EngineGroup, HttpLeader
 from sglang.srt.server_args import ServerArgs
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.test_utils import CustomTestCase
@@ -78,12 +78,6 @@ LOGGING_CONFIG = {
     "root": {"level": "INFO", "handlers": ["stderr"]},
     "loggers": {OVERLAY_LOGGER: {"level": "DEBUG"}},
 }
-
-
-class HttpLeader(cluster.Node):
-    """The leader through SGLang's ``launch_server`` (HTTP ``/server_info`` included)."""
-
-    module = "overlay_harness.providers.http_node"
 
 
 def server_arg_fields() -> list[tuple[str, object]]:

@@ -65,6 +65,8 @@ class TestFollowerMetadata(CustomTestCase):
         self.assertEqual(cluster.health(port), cluster.SERVING)
         watch = cluster.HealthWatch(port)
         try:
+            # The watch is live before the kill: its first status cannot race the watcher.
+            self.assertEqual(watch.first_status(), cluster.SERVING)
             for pid in node.event["pids"]:
                 cluster.os.kill(pid, cluster.signal.SIGKILL)
             seen = watch.statuses_until(cluster.NOT_SERVING)

@@ -40,7 +40,7 @@ from pathlib import Path
 from unittest import mock
 
 from overlay_harness import cluster, differences
-from overlay_harness.cluster import EngineGroup
+from overlay_harness.cluster import EngineGroup, HttpLeader
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.test_utils import CustomTestCase
 from sglang_sidecar_overlay import releases
@@ -73,17 +73,6 @@ def _dynamo_installed() -> bool:
     with contextlib.suppress(ImportError, ValueError):
         return importlib.util.find_spec(DYNAMO) is not None
     return False
-
-
-class HttpLeader(cluster.Node):
-    """A leader node through ``launch_server`` (same session/tag/log handling as a Node)."""
-
-    module = "overlay_harness.providers.http_node"
-
-    def terminate(self) -> int:
-        """SIGTERM to the server process only, as an orchestrator's stop sends it."""
-        os.kill(self.proc.pid, signal.SIGTERM)
-        return self.proc.wait(timeout=STOP_DEADLINE)
 
 
 def read_report(path: Path) -> list[dict]:
@@ -155,7 +144,7 @@ class TestSidecarLaunch(CustomTestCase):
             # SIGTERM reaches the real tokenizer manager's handler: the overlay stops the
             # sidecar at once; SGLang drains, kills the node's children, then (0.5.20+) stops
             # uvicorn, whose lifespan shuts gRPC down.
-            self.assertIn(node.terminate(), (0, -signal.SIGTERM), node.log_tail())
+            self.assertIn(node.terminate(STOP_DEADLINE), (0, -signal.SIGTERM), node.log_tail())
             steps = [r["step"] for r in read_report(report)]
             self.assertEqual(steps[-2:], ["sigterm", "exiting"])
             log = node.log_path.read_text(errors="replace")
@@ -257,12 +246,16 @@ class TestSidecarLaunch(CustomTestCase):
                     # above, before the consumer's first wait line.
                     self.assertNotIn("follower metadata server at", log)
                 else:
-                    # The metadata server serves before the sidecar starts and stops after it.
-                    server_serving = log_index(log, "is SERVING")
+                    # The metadata server serves before the sidecar starts and stops after it,
+                    # through SGLang's Engine.shutdown (0.5.19-0.5.21: the overlay's BEFORE
+                    # hook; 0.5.22+: stop_grpc_server), i.e. before the schedulers are killed:
+                    # no scheduler exit is seen first.
+                    server = f"follower metadata server at 127.0.0.1:{group.grpc_ports[1]}"
+                    server_serving = log_index(log, f"{server} is SERVING")
+                    server_stopped = log_index(log, f"{server} stopped")
                     self.assertLess(server_serving, sidecar_started)
-                    self.assertLess(sidecar_stopped, log.rindex("follower metadata server at"))
-                    server_line = log_index(log, "follower metadata server at 127.0.0.1")
-                    self.assertIn("stopped", log[server_line:])
+                    self.assertLess(sidecar_stopped, server_stopped)
+                    self.assertNotIn(f"{server} is NOT_SERVING", log[:server_stopped])
                 for ln in log.splitlines():
                     if "follower sidecar" in ln:
                         sys.stderr.write(f"[{RELEASE}] {ln}\n")
