@@ -68,8 +68,6 @@ VARIANT_DEADLINE = 900.0
 SERVER_DEADLINE = 60.0
 CONFLICT = "follow_bootstrap_room conflict"
 SENDER_INIT = "sglang.srt.disaggregation.common.conn.CommonKVSender.__init__"
-# What the plugin-allowing variant sets SGLANG_PLUGINS to (scripts/sglang_envs.py --patched).
-PLUGINS_ENV = "SGLANG_OVERLAY_TEST_PLUGINS"
 
 # Rank fields per case, as CommonKVManager.__init__ derives them on every supported release:
 # (attn_tp_size, attn_tp_rank, attn_dp_size, attn_dp_rank, system_dp_size, system_dp_rank).
@@ -296,7 +294,7 @@ def run_variant(with_plugins: bool, model_dir: str, out: Any) -> None:
             from sglang.srt.plugins import load_plugins
 
             # As the harness's nodes: on the rebuilt-wheel side the allow-list names no plugin.
-            os.environ["SGLANG_PLUGINS"] = os.environ.get(PLUGINS_ENV, "sidecar_overlay")
+            os.environ["SGLANG_PLUGINS"] = cluster.plugin_allow_list()
 
             load_plugins()
         from sglang.srt.disaggregation.common.conn import CommonKVSender

@@ -171,6 +171,12 @@ def pids_with_tag(tag: str) -> list[int]:
     return found
 
 
+def plugin_allow_list() -> str:
+    """SGLang's ``SGLANG_PLUGINS`` for processes under test: only this plugin, or none of them
+    against the rebuilt wheel (``sglang_envs.py test --patched`` sets the override)."""
+    return os.environ.get("SGLANG_OVERLAY_TEST_PLUGINS", "sidecar_overlay")
+
+
 class Node:
     """One node process; ``ready()`` returns its ready event or raises with its log."""
 
@@ -184,9 +190,7 @@ class Node:
         env = dict(os.environ)
         env[TAG_ENV] = self.tag
         env["PYTHONPATH"] = str(HARNESS_ROOT)
-        # SGLang's own allow-list: only this plugin runs in the nodes (none of them against
-        # the rebuilt wheel: ``sglang_envs.py test --patched`` sets the override).
-        env["SGLANG_PLUGINS"] = os.environ.get("SGLANG_OVERLAY_TEST_PLUGINS", "sidecar_overlay")
+        env["SGLANG_PLUGINS"] = plugin_allow_list()
         self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", self.module, *args],
