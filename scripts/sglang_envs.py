@@ -381,8 +381,8 @@ NO_PLUGIN = "none"
 PLUGINS_ENV = "SGLANG_OVERLAY_TEST_PLUGINS"
 # The scenario files compared on both sides (patches/DIFFERENCES.md says why the others are not).
 EQUIVALENCE_FILES = (
-    "test-registered/unit/entrypoints/test_follower_metadata.py",
-    "test-registered/unit/entrypoints/test_sidecar_launch.py",
+    "test-registered/entrypoints/test_follower_metadata.py",
+    "test-registered/sidecar/test_sidecar_launch.py",
     "test-registered/disaggregation/test_ordinary_dp_bootstrap_rank.py",
 )
 # Tells the tests which side they run on (test-registered/overlay_harness/differences.py).
