@@ -8,11 +8,12 @@ each node's native gRPC ``GetServerInfo``, and ZMQ sockets on loopback. The stan
 model-running part of the scheduler (``overlay_harness.standin``), which publishes a real event
 batch every half second.
 
-As a router would: subscribe to each advertised ``endpoint``, note the sequence numbers of some
-live batches, then ask the advertised ``replay_endpoint`` (DEALER) for everything from an earlier
-sequence number. The replay must start at the requested number, have no gap, and carry the
-same bytes as the live messages it overlaps; every batch decodes as the release's
-``KVEventBatch`` stamped with the source's rank.
+As a router that joins late would: subscribe to each advertised ``endpoint`` and note the
+sequence numbers of some live batches (from ``REPLAY_LEAD`` on: the batches before it are the
+ones it missed), then ask the advertised ``replay_endpoint`` (DEALER) for everything from
+``REPLAY_LEAD`` batches before the first one it noted. The replay must start at the requested
+number, have no gap, reach the last live batch, and carry the same bytes as the live messages it
+overlaps; every batch decodes as the release's ``KVEventBatch`` stamped with the source's rank.
 """
 
 import tempfile
@@ -41,7 +42,8 @@ END_SEQ = -1
 
 
 def receive_live(context: zmq.Context, source: dict) -> dict[int, bytes]:
-    """``{seq: payload}`` of the first ``LIVE_BATCHES`` live batches on the source's topic."""
+    """``{seq: payload}`` of the first ``LIVE_BATCHES`` live batches numbered ``REPLAY_LEAD`` or
+    more on the source's topic (a subscriber may join before the first batch is published)."""
     sub = context.socket(zmq.SUB)
     try:
         sub.setsockopt(zmq.LINGER, 0)
@@ -59,8 +61,11 @@ def receive_live(context: zmq.Context, source: dict) -> dict[int, bytes]:
             if not sub.poll(timeout=min(remaining, 1.0) * 1000):
                 continue
             topic, seq, payload = sub.recv_multipart()
-            assert topic == source["topic"].encode(), topic
-            seen[int.from_bytes(seq, "big", signed=True)] = payload
+            if topic != source["topic"].encode():
+                raise AssertionError(f"live topic {topic!r} on {source['endpoint']}")
+            seq = int.from_bytes(seq, "big", signed=True)
+            if seq >= REPLAY_LEAD:
+                seen[seq] = payload
         return seen
     finally:
         sub.close(linger=0)
@@ -122,7 +127,7 @@ class TestReplayFromPublishers(CustomTestCase):
         first = min(live)
         # Contiguous live numbers: the replay below must reproduce each of them.
         self.assertEqual(sorted(live), list(range(first, first + LIVE_BATCHES)), sorted(live))
-        start = max(0, first - REPLAY_LEAD)
+        start = first - REPLAY_LEAD
         replayed = request_replay(self.context, source["replay_endpoint"], start)
         seqs = [seq for _topic, seq, _payload in replayed]
         self.assertTrue(seqs, f"rank {rank}: empty replay from {start}")
