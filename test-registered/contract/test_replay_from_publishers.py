@@ -29,7 +29,7 @@ from sglang.srt.disaggregation.kv_events import KVEventBatch
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.test_utils import CustomTestCase
 
-register_cpu_ci(est_time=300, suite="base-a-test-cpu")
+register_cpu_ci(est_time=86, suite="base-a-test-cpu")
 
 LIVE_BATCHES = 4
 # The stand-in publishes every 0.5 s; the machine may be loaded.
