@@ -110,7 +110,9 @@ class EngineGroup:
         # With attention DP, SGLang derives its TCP IPC ports from ``--dist-init-addr``:
         # the next seven ports after it.
         self.dist_port = free_port_range(8)
+        # Rank r of SGLang's ZmqEventPublisher binds base + r for its PUB and its replay ROUTER.
         self.kv_base = free_port_range(4)
+        self.replay_base = free_port_range(4)
         self.grpc_ports = [free_port() for _ in range(nnodes)]
         self.http_ports = [free_port() for _ in range(nnodes)]
 
@@ -122,7 +124,12 @@ class EngineGroup:
         self, node_rank: int, sidecar: str | None = None, sidecar_args: list[str] | None = None
     ) -> list[str]:
         kv_events = json.dumps(
-            {"publisher": "zmq", "endpoint": f"tcp://*:{self.kv_base}", "topic": "kv"}
+            {
+                "publisher": "zmq",
+                "endpoint": f"tcp://*:{self.kv_base}",
+                "replay_endpoint": f"tcp://*:{self.replay_base}",
+                "topic": "kv",
+            }
         )
         args = [
             "--model-path", str(self.model),
