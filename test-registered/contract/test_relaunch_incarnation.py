@@ -20,7 +20,7 @@ from sglang.test.test_utils import CustomTestCase
 from sglang_sidecar_overlay.contract import schema
 from sglang_sidecar_overlay.contract.incarnation import CONTRACT_VERSION
 
-register_cpu_ci(est_time=300, suite="base-a-test-cpu")
+register_cpu_ci(est_time=75, suite="base-a-test-cpu")
 
 
 class TestRelaunchIncarnation(CustomTestCase):
