@@ -70,6 +70,8 @@ class TestRestartPolicy(CustomTestCase):
                 node.expect_ready()
 
                 def idle_provider(other_than: int | None = None) -> dict | None:
+                    if node.proc.poll() is not None:
+                        raise AssertionError(f"the node exited {node.proc.returncode}")
                     return next(
                         (
                             r
