@@ -31,7 +31,7 @@ from overlay_harness.cluster import EngineGroup, HttpLeader
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.test_utils import CustomTestCase
 
-register_cpu_ci(est_time=120, suite="base-a-test-cpu")
+register_cpu_ci(est_time=40, suite="base-a-test-cpu")
 
 PROVIDER = "overlay_harness.providers.kv_probe"
 RESTART = ["--sidecar-restart", "on-failure", "--sidecar-max-restarts", "1"]
