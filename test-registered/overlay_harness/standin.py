@@ -36,6 +36,11 @@ MAX_TOTAL_NUM_TOKENS = 4096
 # death only after it has taken the scheduler as ready.
 FAULT_ENV = "OVERLAY_HARNESS_SCHEDULER_FAULT"
 CONTROL_POLL_MS = 500
+# Test knob: on a follower node (``--node-rank >= 1``), SGLang's per-rank endpoint offset
+# (``ZmqEventPublisher.offset_endpoint_port``) is dropped, so with an ``ipc://`` kv-events
+# endpoint every publisher of the node binds the same path (libzmq replaces the socket file)
+# and reports it: a misconfigured node whose ranks claim one address. SGLang never does this.
+SHARED_KV_ENDPOINT_ENV = "OVERLAY_HARNESS_FOLLOWER_SHARES_KV_ENDPOINT"
 
 
 def _startup_time(builder: Any) -> Any:
@@ -67,6 +72,8 @@ def run_standin_scheduler(*args: Any, **kwargs: Any) -> None:
     # reach the node's log in the node's format.
     scheduler_mod.configure_logger(server_args, prefix=f" TP{ranks['tp_rank']}")
     scheduler_mod.load_plugins()
+    if os.environ.get(SHARED_KV_ENDPOINT_ENV) and (server_args.node_rank or 0) >= 1:
+        _share_kv_endpoint()
     if hasattr(scheduler_mod, "SpawnRanks"):
         kv_events_publisher = _publisher_0_5_21(scheduler_mod, server_args, ranks)
     else:
@@ -101,6 +108,13 @@ def run_standin_scheduler(*args: Any, **kwargs: Any) -> None:
             control.serve(CONTROL_POLL_MS)
         if publisher is not None:
             publisher.publish(_cleared_batch())
+
+
+def _share_kv_endpoint() -> None:
+    """Every rank's publisher binds the configured endpoint itself (see the knob above)."""
+    from sglang.srt.disaggregation.kv_events import ZmqEventPublisher
+
+    ZmqEventPublisher.offset_endpoint_port = staticmethod(lambda endpoint, rank: endpoint)
 
 
 def _ready_after_death(pipe_writer: Any, ready: dict) -> None:

@@ -1,0 +1,121 @@
+"""The ``--sidecar`` restart policy through SGLang's real launch path, on the leader.
+
+CPU-only. The leader runs ``http_server.launch_server`` itself
+(``overlay_harness.providers.http_node``): uvicorn and the FastAPI lifespan that binds the
+native gRPC server and then calls ``start_sidecar``, which the plugin replaces with its
+supervisor; SGLang's real tokenizer manager and detokenizer (``--skip-tokenizer-init``). The only
+stand-in is the model-running part of the scheduler (``overlay_harness.standin``, a real
+``ZmqEventPublisher``). The provider is ``overlay_harness.providers.kv_probe``, which reports each
+step to a JSON-lines file; the restart options travel in ``--sidecar-args``, as an operator
+writes them, and the supervisor takes them out before the provider sees its argv.
+
+With ``--sidecar-restart on-failure --sidecar-max-restarts 1``: a killed provider is started
+again (a new process that reads the node's metadata again) while the node keeps serving; killed
+once more, the budget is spent and the node goes down the way upstream's watchdog brings it down
+(SIGQUIT). The crash-loop variant (a provider that exits at once, every time) is in
+``faults/test_launch_faults.py``.
+"""
+
+import contextlib
+import json
+import os
+import signal
+import sys
+import tempfile
+import unittest
+import uuid
+from pathlib import Path
+
+from overlay_harness import cluster
+from overlay_harness.cluster import EngineGroup, HttpLeader
+from sglang.test.ci.ci_register import register_cpu_ci
+from sglang.test.test_utils import CustomTestCase
+
+register_cpu_ci(est_time=40, suite="base-a-test-cpu")
+
+PROVIDER = "overlay_harness.providers.kv_probe"
+RESTART = ["--sidecar-restart", "on-failure", "--sidecar-max-restarts", "1"]
+EVENT_DEADLINE = 120.0
+STOP_DEADLINE = 90.0
+
+
+def read_report(path: Path) -> list[dict]:
+    with contextlib.suppress(OSError):
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return []
+
+
+def provider_steps(path: Path, pid: int) -> list[str]:
+    return [r["step"] for r in read_report(path) if r["pid"] == pid]
+
+
+class TestRestartPolicy(CustomTestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls._tmp = tempfile.TemporaryDirectory(prefix="overlay-restart-")
+        cls.workdir = Path(cls._tmp.name)
+        cls.model = cluster.write_tiny_model(cls.workdir / "tiny-llama")
+
+    @classmethod
+    def tearDownClass(cls):
+        cls._tmp.cleanup()
+
+    def test_restart_policy_restarts_then_brings_the_node_down(self):
+        group = EngineGroup(self.model, 1, ["--tp", "1"])
+        report = self.workdir / f"report-{uuid.uuid4().hex}.jsonl"
+        args = group.for_node(0, PROVIDER, ["--report", str(report), *RESTART])
+        with tempfile.TemporaryDirectory(prefix="overlay-leader-") as log_dir:
+            node = HttpLeader(args, Path(log_dir), "leader")
+            try:
+                node.expect_ready()
+
+                def idle_provider(other_than: int | None = None) -> dict | None:
+                    if node.proc.poll() is not None:
+                        raise AssertionError(f"the node exited {node.proc.returncode}")
+                    return next(
+                        (
+                            r
+                            for r in read_report(report)
+                            if r["step"] == "idle" and r["pid"] != other_than
+                        ),
+                        None,
+                    )
+
+                first = cluster.wait_for(idle_provider, EVENT_DEADLINE, "the first provider")
+                # The supervisor took the restart options out of the provider's argv.
+                self.assertEqual(
+                    next(r for r in read_report(report) if r["step"] == "started")["argv"],
+                    ["--report", str(report)],
+                )
+                os.kill(first["pid"], signal.SIGKILL)
+                second = cluster.wait_for(
+                    lambda: idle_provider(first["pid"]), EVENT_DEADLINE, "the restarted provider"
+                )
+                self.assertIsNone(node.proc.poll(), "the node went down on a restartable exit")
+                # A new process that reached the node's metadata server again.
+                self.assertEqual(
+                    provider_steps(report, second["pid"])[:2], ["started", "server_info"]
+                )
+                self.assertEqual(cluster.get_server_info(group.grpc_ports[0])["node_rank"], 0)
+
+                os.kill(second["pid"], signal.SIGKILL)
+                node.proc.wait(timeout=STOP_DEADLINE)
+                self.assertNotEqual(node.proc.returncode, 0)
+                log = node.log_path.read_text(errors="replace")
+                self.assertEqual(log.count("restarting in"), 1, node.log_tail())
+                self.assertIn("1 restarts within 300 s, giving up", log)
+                self.assertIn("triggering SIGQUIT", log)
+                cluster.wait_for(
+                    lambda: cluster.pids_with_tag(node.tag) == [],
+                    60,
+                    "the node's processes to exit",
+                )
+            except BaseException:
+                sys.stderr.write(f"--- leader log (tail) ---\n{node.log_tail(80)}\n")
+                raise
+            finally:
+                node.stop(timeout=5)
+
+
+if __name__ == "__main__":
+    unittest.main()
