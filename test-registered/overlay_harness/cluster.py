@@ -257,8 +257,13 @@ class Node:
             f"{self.name} to start its first child process",
         )
 
-    def stop(self, timeout: float = 60.0) -> int | None:
-        """Close stdin (orderly stop), then kill the node's whole session."""
+    def stop(self, timeout: float = 30.0) -> int | None:
+        """Close stdin (orderly stop), then kill the node's whole session.
+
+        An orderly stop takes 2-5 s here. On 0.5.23 a leader's stop has been seen to hang in
+        the native gRPC server's ``shutdown()`` while one of its threads waits to run
+        ``RuntimeHandle.get_server_info``; the kill after ``timeout`` bounds what that costs.
+        """
         with contextlib.suppress(OSError, ValueError):
             self.proc.stdin.close()
         with contextlib.suppress(subprocess.TimeoutExpired):
