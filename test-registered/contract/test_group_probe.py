@@ -9,14 +9,12 @@ the follower's schedulers are gone (its health turns NOT_SERVING).
 import json
 import subprocess
 import sys
-import tempfile
 import unittest
-from pathlib import Path
 
 from overlay_harness import cluster
 from overlay_harness.cluster import EngineGroup
+from overlay_harness.testcase import TinyModelTestCase
 from sglang.test.ci.ci_register import register_cpu_ci
-from sglang.test.test_utils import CustomTestCase
 
 register_cpu_ci(est_time=400, suite="base-a-test-cpu")
 
@@ -34,16 +32,7 @@ def group_errors(report: dict) -> dict:
     return {c["field"]: c["message"] for c in report["checks"] if c["level"] == "error"}
 
 
-class TestGroupProbe(CustomTestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls._tmp = tempfile.TemporaryDirectory(prefix="overlay-model-")
-        cls.model = cluster.write_tiny_model(Path(cls._tmp.name) / "tiny-llama")
-
-    @classmethod
-    def tearDownClass(cls):
-        cls._tmp.cleanup()
-
+class TestGroupProbe(TinyModelTestCase):
     def test_two_node_attention_dp_group(self):
         group = EngineGroup(self.model, 2, ["--tp", "2", "--dp", "2", "--enable-dp-attention"])
         leader = f"127.0.0.1:{group.grpc_ports[0]}"

@@ -7,32 +7,21 @@ restarted (sequence numbers from 0, replay buffers empty), not that messages wer
 """
 
 import re
-import tempfile
 import time
 import unittest
-from pathlib import Path
 
 import jsonschema
 from overlay_harness import cluster
 from overlay_harness.cluster import EngineGroup
+from overlay_harness.testcase import TinyModelTestCase
 from sglang.test.ci.ci_register import register_cpu_ci
-from sglang.test.test_utils import CustomTestCase
 from sglang_sidecar_overlay.contract import schema
 from sglang_sidecar_overlay.contract.incarnation import CONTRACT_VERSION
 
 register_cpu_ci(est_time=75, suite="base-a-test-cpu")
 
 
-class TestRelaunchIncarnation(CustomTestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls._tmp = tempfile.TemporaryDirectory(prefix="overlay-model-")
-        cls.model = cluster.write_tiny_model(Path(cls._tmp.name) / "tiny-llama")
-
-    @classmethod
-    def tearDownClass(cls):
-        cls._tmp.cleanup()
-
+class TestRelaunchIncarnation(TinyModelTestCase):
     def launch_once(self, group: EngineGroup) -> tuple[dict, float, float]:
         """Launch the node, read its server info, stop it; (info, launch began, ready at)."""
         began = time.time()

@@ -16,18 +16,16 @@ number, have no gap, reach the last live batch, and carry the same bytes as the 
 overlaps; every batch decodes as the release's ``KVEventBatch`` stamped with the source's rank.
 """
 
-import tempfile
 import time
 import unittest
-from pathlib import Path
 
 import msgspec
 import zmq
 from overlay_harness import cluster
 from overlay_harness.cluster import EngineGroup
+from overlay_harness.testcase import TinyModelTestCase
 from sglang.srt.disaggregation.kv_events import KVEventBatch
 from sglang.test.ci.ci_register import register_cpu_ci
-from sglang.test.test_utils import CustomTestCase
 
 register_cpu_ci(est_time=86, suite="base-a-test-cpu")
 
@@ -107,16 +105,7 @@ def request_replay(context: zmq.Context, replay_endpoint: str, start: int) -> li
         dealer.close(linger=0)
 
 
-class TestReplayFromPublishers(CustomTestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls._tmp = tempfile.TemporaryDirectory(prefix="overlay-model-")
-        cls.model = cluster.write_tiny_model(Path(cls._tmp.name) / "tiny-llama")
-
-    @classmethod
-    def tearDownClass(cls):
-        cls._tmp.cleanup()
-
+class TestReplayFromPublishers(TinyModelTestCase):
     def setUp(self):
         self.context = zmq.Context()
         self.addCleanup(self.context.term)

@@ -19,15 +19,13 @@ goes red when the overlay's gate or check it covers is gone:
 """
 
 import os
-import tempfile
 import unittest
-from pathlib import Path
 from unittest import mock
 
 from overlay_harness import cluster, standin
 from overlay_harness.cluster import EngineGroup
+from overlay_harness.testcase import TinyModelTestCase
 from sglang.test.ci.ci_register import register_cpu_ci
-from sglang.test.test_utils import CustomTestCase
 from sglang_sidecar_overlay import releases
 
 register_cpu_ci(est_time=135, suite="base-a-test-cpu")
@@ -53,17 +51,7 @@ def with_option(args: list[str], option: str, value: str) -> list[str]:
     return [*args[: index + 1], value, *args[index + 2 :]]
 
 
-class TestFollowerGating(CustomTestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls._tmp = tempfile.TemporaryDirectory(prefix="overlay-gating-")
-        cls.workdir = Path(cls._tmp.name)
-        cls.model = cluster.write_tiny_model(cls.workdir / "tiny-llama")
-
-    @classmethod
-    def tearDownClass(cls):
-        cls._tmp.cleanup()
-
+class TestFollowerGating(TinyModelTestCase):
     def assert_serves_nothing(self, follower: cluster.Node, port: int):
         follower.expect_ready()
         self.assertIsNone(cluster.health(port), f"something serves on {port}")

@@ -14,31 +14,24 @@ is exercised in ``test_sidecar_launch``. Followers start before the leader
 (``cluster.start_followers_first``).
 """
 
-import tempfile
 import unittest
-from pathlib import Path
 
 import grpc
 import jsonschema
 from overlay_harness import cluster, differences
 from overlay_harness.cluster import EngineGroup
+from overlay_harness.testcase import TinyModelTestCase
 from sglang.test.ci.ci_register import register_cpu_ci
-from sglang.test.test_utils import CustomTestCase
 from sglang_sidecar_overlay.contract import schema
 
 register_cpu_ci(est_time=170, suite="base-a-test-cpu")
 
 
-class TestFollowerMetadata(CustomTestCase):
+class TestFollowerMetadata(TinyModelTestCase):
     @classmethod
     def setUpClass(cls):
-        cls._tmp = tempfile.TemporaryDirectory(prefix="overlay-model-")
-        cls.model = cluster.write_tiny_model(Path(cls._tmp.name) / "tiny-llama")
+        super().setUpClass()
         cls.schema = schema.load_schema()
-
-    @classmethod
-    def tearDownClass(cls):
-        cls._tmp.cleanup()
 
     # --- checks shared by every node ---------------------------------------------------------
 

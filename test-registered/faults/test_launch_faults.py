@@ -35,7 +35,6 @@ import os
 import signal
 import socket
 import sys
-import tempfile
 import time
 import unittest
 from pathlib import Path
@@ -43,8 +42,8 @@ from unittest import mock
 
 from overlay_harness import cluster, standin
 from overlay_harness.cluster import EngineGroup, HttpLeader
+from overlay_harness.testcase import TinyModelTestCase
 from sglang.test.ci.ci_register import register_cpu_ci
-from sglang.test.test_utils import CustomTestCase
 from sglang_sidecar_overlay import releases
 
 register_cpu_ci(est_time=600, suite="base-a-test-cpu")
@@ -125,19 +124,19 @@ def wait_clean(node: cluster.Node) -> float:
     return time.monotonic() - start
 
 
-class TestLaunchFaults(CustomTestCase):
+class TestLaunchFaults(TinyModelTestCase):
     @classmethod
     def setUpClass(cls):
-        cls._tmp = tempfile.TemporaryDirectory(prefix="overlay-faults-")
-        cls.workdir = Path(cls._tmp.name)
-        cls.model = cluster.write_tiny_model(cls.workdir / "tiny-llama")
+        super().setUpClass()
         cls._env = mock.patch.dict(os.environ, NO_CRASH_DIAGNOSTICS)
         cls._env.start()
 
     @classmethod
     def tearDownClass(cls):
-        cls._env.stop()
-        cls._tmp.cleanup()
+        try:
+            cls._env.stop()
+        finally:
+            super().tearDownClass()
 
     @contextlib.contextmanager
     def node(self, cls: type, args: list[str], name: str):

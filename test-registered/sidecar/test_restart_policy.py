@@ -28,8 +28,8 @@ from pathlib import Path
 
 from overlay_harness import cluster
 from overlay_harness.cluster import EngineGroup, HttpLeader
+from overlay_harness.testcase import TinyModelTestCase
 from sglang.test.ci.ci_register import register_cpu_ci
-from sglang.test.test_utils import CustomTestCase
 
 register_cpu_ci(est_time=40, suite="base-a-test-cpu")
 
@@ -49,17 +49,7 @@ def provider_steps(path: Path, pid: int) -> list[str]:
     return [r["step"] for r in read_report(path) if r["pid"] == pid]
 
 
-class TestRestartPolicy(CustomTestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls._tmp = tempfile.TemporaryDirectory(prefix="overlay-restart-")
-        cls.workdir = Path(cls._tmp.name)
-        cls.model = cluster.write_tiny_model(cls.workdir / "tiny-llama")
-
-    @classmethod
-    def tearDownClass(cls):
-        cls._tmp.cleanup()
-
+class TestRestartPolicy(TinyModelTestCase):
     def test_restart_policy_restarts_then_brings_the_node_down(self):
         group = EngineGroup(self.model, 1, ["--tp", "1"])
         report = self.workdir / f"report-{uuid.uuid4().hex}.jsonl"

@@ -41,8 +41,8 @@ from unittest import mock
 
 from overlay_harness import cluster, differences
 from overlay_harness.cluster import EngineGroup, HttpLeader
+from overlay_harness.testcase import TinyModelTestCase
 from sglang.test.ci.ci_register import register_cpu_ci
-from sglang.test.test_utils import CustomTestCase
 from sglang_sidecar_overlay import releases
 
 register_cpu_ci(est_time=300, suite="base-a-test-cpu")
@@ -96,17 +96,7 @@ def log_index(text: str, needle: str) -> int:
     return index
 
 
-class TestSidecarLaunch(CustomTestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls._tmp = tempfile.TemporaryDirectory(prefix="overlay-sidecar-")
-        cls.workdir = Path(cls._tmp.name)
-        cls.model = cluster.write_tiny_model(cls.workdir / "tiny-llama")
-
-    @classmethod
-    def tearDownClass(cls):
-        cls._tmp.cleanup()
-
+class TestSidecarLaunch(TinyModelTestCase):
     @contextlib.contextmanager
     def leader(self, group: EngineGroup, report: Path):
         args = group.for_node(
