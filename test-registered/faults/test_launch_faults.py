@@ -140,14 +140,8 @@ class TestLaunchFaults(TinyModelTestCase):
 
     @contextlib.contextmanager
     def node(self, cls: type, args: list[str], name: str):
-        node = cls(args, self.workdir, name)
-        try:
+        with cluster.running(cls(args, self.workdir, name)) as node:
             yield node
-        except BaseException:
-            sys.stderr.write(f"--- {name} log (tail) ---\n{node.log_tail(80)}\n")
-            raise
-        finally:
-            node.stop(timeout=5)
 
     def test_follower_schedulers_killed_before_ready(self):
         group = EngineGroup(self.model, 2, ["--tp", "2"])

@@ -321,6 +321,18 @@ def start_followers_first(start: Callable[[list[str], int], Node], arg_lists: li
 
 
 @contextlib.contextmanager
+def running(node: Node, stop_timeout: float = 5.0) -> Iterator[Node]:
+    """The started ``node``; its log tail printed if the body fails; always stopped."""
+    try:
+        yield node
+    except BaseException:
+        sys.stderr.write(f"--- {node.name} log (tail) ---\n{node.log_tail(80)}\n")
+        raise
+    finally:
+        node.stop(timeout=stop_timeout)
+
+
+@contextlib.contextmanager
 def nodes(*arg_lists: list[str]) -> Iterator[list[Node]]:
     """Start the nodes (followers first, see ``start_followers_first``); always stop them."""
     with tempfile.TemporaryDirectory(prefix="overlay-nodes-") as log_dir:

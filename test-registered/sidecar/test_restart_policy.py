@@ -20,7 +20,6 @@ import contextlib
 import json
 import os
 import signal
-import sys
 import tempfile
 import unittest
 import uuid
@@ -54,57 +53,51 @@ class TestRestartPolicy(TinyModelTestCase):
         group = EngineGroup(self.model, 1, ["--tp", "1"])
         report = self.workdir / f"report-{uuid.uuid4().hex}.jsonl"
         args = group.for_node(0, PROVIDER, ["--report", str(report), *RESTART])
-        with tempfile.TemporaryDirectory(prefix="overlay-leader-") as log_dir:
-            node = HttpLeader(args, Path(log_dir), "leader")
-            try:
-                node.expect_ready()
+        with (
+            tempfile.TemporaryDirectory(prefix="overlay-leader-") as log_dir,
+            cluster.running(HttpLeader(args, Path(log_dir), "leader")) as node,
+        ):
+            node.expect_ready()
 
-                def idle_provider(other_than: int | None = None) -> dict | None:
-                    if node.proc.poll() is not None:
-                        raise AssertionError(f"the node exited {node.proc.returncode}")
-                    return next(
-                        (
-                            r
-                            for r in read_report(report)
-                            if r["step"] == "idle" and r["pid"] != other_than
-                        ),
-                        None,
-                    )
+            def idle_provider(other_than: int | None = None) -> dict | None:
+                if node.proc.poll() is not None:
+                    raise AssertionError(f"the node exited {node.proc.returncode}")
+                return next(
+                    (
+                        r
+                        for r in read_report(report)
+                        if r["step"] == "idle" and r["pid"] != other_than
+                    ),
+                    None,
+                )
 
-                first = cluster.wait_for(idle_provider, EVENT_DEADLINE, "the first provider")
-                # The supervisor took the restart options out of the provider's argv.
-                self.assertEqual(
-                    next(r for r in read_report(report) if r["step"] == "started")["argv"],
-                    ["--report", str(report)],
-                )
-                os.kill(first["pid"], signal.SIGKILL)
-                second = cluster.wait_for(
-                    lambda: idle_provider(first["pid"]), EVENT_DEADLINE, "the restarted provider"
-                )
-                self.assertIsNone(node.proc.poll(), "the node went down on a restartable exit")
-                # A new process that reached the node's metadata server again.
-                self.assertEqual(
-                    provider_steps(report, second["pid"])[:2], ["started", "server_info"]
-                )
-                self.assertEqual(cluster.get_server_info(group.grpc_ports[0])["node_rank"], 0)
+            first = cluster.wait_for(idle_provider, EVENT_DEADLINE, "the first provider")
+            # The supervisor took the restart options out of the provider's argv.
+            self.assertEqual(
+                next(r for r in read_report(report) if r["step"] == "started")["argv"],
+                ["--report", str(report)],
+            )
+            os.kill(first["pid"], signal.SIGKILL)
+            second = cluster.wait_for(
+                lambda: idle_provider(first["pid"]), EVENT_DEADLINE, "the restarted provider"
+            )
+            self.assertIsNone(node.proc.poll(), "the node went down on a restartable exit")
+            # A new process that reached the node's metadata server again.
+            self.assertEqual(provider_steps(report, second["pid"])[:2], ["started", "server_info"])
+            self.assertEqual(cluster.get_server_info(group.grpc_ports[0])["node_rank"], 0)
 
-                os.kill(second["pid"], signal.SIGKILL)
-                node.proc.wait(timeout=STOP_DEADLINE)
-                self.assertNotEqual(node.proc.returncode, 0)
-                log = node.log_path.read_text(errors="replace")
-                self.assertEqual(log.count("restarting in"), 1, node.log_tail())
-                self.assertIn("1 restarts within 300 s, giving up", log)
-                self.assertIn("triggering SIGQUIT", log)
-                cluster.wait_for(
-                    lambda: cluster.pids_with_tag(node.tag) == [],
-                    60,
-                    "the node's processes to exit",
-                )
-            except BaseException:
-                sys.stderr.write(f"--- leader log (tail) ---\n{node.log_tail(80)}\n")
-                raise
-            finally:
-                node.stop(timeout=5)
+            os.kill(second["pid"], signal.SIGKILL)
+            node.proc.wait(timeout=STOP_DEADLINE)
+            self.assertNotEqual(node.proc.returncode, 0)
+            log = node.log_path.read_text(errors="replace")
+            self.assertEqual(log.count("restarting in"), 1, node.log_tail())
+            self.assertIn("1 restarts within 300 s, giving up", log)
+            self.assertIn("triggering SIGQUIT", log)
+            cluster.wait_for(
+                lambda: cluster.pids_with_tag(node.tag) == [],
+                60,
+                "the node's processes to exit",
+            )
 
 
 if __name__ == "__main__":

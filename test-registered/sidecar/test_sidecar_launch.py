@@ -102,15 +102,11 @@ class TestSidecarLaunch(TinyModelTestCase):
         args = group.for_node(
             0, PROVIDER, ["--report", str(report), "--sidecar-shutdown-timeout", "20"]
         )
-        with tempfile.TemporaryDirectory(prefix="overlay-leader-") as log_dir:
-            node = HttpLeader(args, Path(log_dir), "leader")
-            try:
-                yield node
-            except BaseException:
-                sys.stderr.write(f"--- leader log (tail) ---\n{node.log_tail(80)}\n")
-                raise
-            finally:
-                node.stop(timeout=5)
+        with (
+            tempfile.TemporaryDirectory(prefix="overlay-leader-") as log_dir,
+            cluster.running(HttpLeader(args, Path(log_dir), "leader")) as node,
+        ):
+            yield node
 
     # --- scenario 1 ------------------------------------------------------------------------
 
