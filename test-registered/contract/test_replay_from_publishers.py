@@ -18,6 +18,7 @@ overlaps; every batch decodes as the release's ``KVEventBatch`` stamped with the
 
 import time
 import unittest
+from collections.abc import Callable
 
 import msgspec
 import zmq
@@ -39,6 +40,15 @@ SEQ_BYTES = 8
 END_SEQ = -1
 
 
+def receive_before(socket: zmq.Socket, deadline: float, failure: Callable[[], str]) -> list:
+    """The socket's next multipart message, or an ``AssertionError(failure())`` at
+    ``deadline`` (``time.monotonic()``)."""
+    while (remaining := deadline - time.monotonic()) > 0:
+        if socket.poll(timeout=min(remaining, 1.0) * 1000):
+            return socket.recv_multipart()
+    raise AssertionError(failure())
+
+
 def receive_live(context: zmq.Context, source: dict) -> dict[int, bytes]:
     """``{seq: payload}`` of the first ``LIVE_BATCHES`` live batches numbered ``REPLAY_LEAD`` or
     more on the source's topic (a subscriber may join before the first batch is published)."""
@@ -50,15 +60,12 @@ def receive_live(context: zmq.Context, source: dict) -> dict[int, bytes]:
         seen: dict[int, bytes] = {}
         deadline = time.monotonic() + LIVE_DEADLINE
         while len(seen) < LIVE_BATCHES:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise AssertionError(
-                    f"{len(seen)} live batch(es) from {source['endpoint']} "
-                    f"within {LIVE_DEADLINE:.0f} s"
-                )
-            if not sub.poll(timeout=min(remaining, 1.0) * 1000):
-                continue
-            topic, seq, payload = sub.recv_multipart()
+            topic, seq, payload = receive_before(
+                sub,
+                deadline,
+                lambda: f"{len(seen)} live batch(es) from {source['endpoint']} "
+                f"within {LIVE_DEADLINE:.0f} s",
+            )
             if topic != source["topic"].encode():
                 raise AssertionError(f"live topic {topic!r} on {source['endpoint']}")
             seq = int.from_bytes(seq, "big", signed=True)
@@ -81,15 +88,12 @@ def request_replay(context: zmq.Context, replay_endpoint: str, start: int) -> li
         replayed = []
         deadline = time.monotonic() + REPLAY_DEADLINE
         while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise AssertionError(
-                    f"no end marker from {replay_endpoint} within {REPLAY_DEADLINE:.0f} s "
-                    f"({len(replayed)} batch(es) replayed)"
-                )
-            if not dealer.poll(timeout=min(remaining, 1.0) * 1000):
-                continue
-            frames = dealer.recv_multipart()
+            frames = receive_before(
+                dealer,
+                deadline,
+                lambda: f"no end marker from {replay_endpoint} within {REPLAY_DEADLINE:.0f} s "
+                f"({len(replayed)} batch(es) replayed)",
+            )
             assert frames[0] == b"", frames
             if len(frames) == 4:
                 topic, seq, payload = frames[1:]
