@@ -16,7 +16,7 @@ from overlay_harness.cluster import EngineGroup
 from overlay_harness.testcase import TinyModelTestCase
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=400, suite="base-a-test-cpu")
+register_cpu_ci(est_time=52, suite="base-a-test-cpu")
 
 
 def probe_group(*targets: str) -> tuple[int, dict, str]:

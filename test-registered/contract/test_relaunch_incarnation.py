@@ -18,7 +18,7 @@ from sglang.test.ci.ci_register import register_cpu_ci
 from sglang_sidecar_overlay.contract import schema
 from sglang_sidecar_overlay.contract.incarnation import CONTRACT_VERSION
 
-register_cpu_ci(est_time=75, suite="base-a-test-cpu")
+register_cpu_ci(est_time=79, suite="base-a-test-cpu")
 
 
 class TestRelaunchIncarnation(TinyModelTestCase):

@@ -28,7 +28,7 @@ from overlay_harness.testcase import TinyModelTestCase
 from sglang.srt.disaggregation.kv_events import KVEventBatch
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=86, suite="base-a-test-cpu")
+register_cpu_ci(est_time=53, suite="base-a-test-cpu")
 
 LIVE_BATCHES = 4
 # The stand-in publishes every 0.5 s; the machine may be loaded.

@@ -28,7 +28,7 @@ from overlay_harness.testcase import TinyModelTestCase
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang_sidecar_overlay import releases
 
-register_cpu_ci(est_time=135, suite="base-a-test-cpu")
+register_cpu_ci(est_time=127, suite="base-a-test-cpu")
 
 # 0.5.22+ ship their own follower metadata server; the overlay replaces it except in
 # SGLANG_RUST_SERVER mode.

@@ -24,7 +24,7 @@ from overlay_harness.testcase import TinyModelTestCase
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang_sidecar_overlay.contract import schema
 
-register_cpu_ci(est_time=170, suite="base-a-test-cpu")
+register_cpu_ci(est_time=161, suite="base-a-test-cpu")
 
 
 class TestFollowerMetadata(TinyModelTestCase):

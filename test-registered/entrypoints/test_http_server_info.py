@@ -40,7 +40,7 @@ from sglang.test.test_utils import CustomTestCase
 from sglang_sidecar_overlay.contract import schema, server_info
 from sglang_sidecar_overlay.contract.redaction import REDACTED
 
-register_cpu_ci(est_time=56, suite="base-a-test-cpu")
+register_cpu_ci(est_time=34, suite="base-a-test-cpu")
 
 # The route waits for both DP groups' internal state through the DP controller.
 HTTP_DEADLINE = 120.0

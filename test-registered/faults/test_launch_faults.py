@@ -46,7 +46,7 @@ from overlay_harness.testcase import TinyModelTestCase
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang_sidecar_overlay import releases
 
-register_cpu_ci(est_time=600, suite="base-a-test-cpu")
+register_cpu_ci(est_time=204, suite="base-a-test-cpu")
 
 RELEASE = releases.installed_sglang_version() or ""
 NO_CRASH_DIAGNOSTICS = {

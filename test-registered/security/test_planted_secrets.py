@@ -55,7 +55,7 @@ from sglang_sidecar_overlay import releases
 from sglang_sidecar_overlay.contract.redaction import is_secret_name
 from sglang_sidecar_overlay.tools.probe import wire
 
-register_cpu_ci(est_time=400, suite="base-a-test-cpu")
+register_cpu_ci(est_time=49, suite="base-a-test-cpu")
 
 RELEASE = releases.installed_sglang_version() or ""
 PROVIDER = "security.sidecar_dump"

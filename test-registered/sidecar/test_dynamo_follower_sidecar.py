@@ -54,7 +54,7 @@ from sglang_sidecar_overlay.sidecar.supervisor import (
     build_sidecar_endpoint,
 )
 
-register_cpu_ci(est_time=30, suite="base-a-test-cpu")
+register_cpu_ci(est_time=8, suite="base-a-test-cpu")
 
 PROVIDER = "dynamo.sglang.sidecar"
 # No etcd, no NATS: discovery through files in a private directory.

@@ -25,7 +25,7 @@ from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.test_utils import CustomTestCase
 from sglang_sidecar_overlay import releases
 
-register_cpu_ci(est_time=100, suite="base-a-test-cpu")
+register_cpu_ci(est_time=68, suite="base-a-test-cpu")
 
 DYNAMO = "dynamo.sglang.sidecar"
 WAITING_FOR_LEADER = "Waiting for SGLang leader for local KV publishing"

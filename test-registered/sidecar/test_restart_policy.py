@@ -30,7 +30,7 @@ from overlay_harness.cluster import EngineGroup, HttpLeader
 from overlay_harness.testcase import TinyModelTestCase
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=40, suite="base-a-test-cpu")
+register_cpu_ci(est_time=25, suite="base-a-test-cpu")
 
 PROVIDER = "overlay_harness.providers.kv_probe"
 RESTART = ["--sidecar-restart", "on-failure", "--sidecar-max-restarts", "1"]

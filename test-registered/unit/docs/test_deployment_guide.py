@@ -20,7 +20,7 @@ from sglang.test.test_utils import CustomTestCase
 from sglang_sidecar_overlay.contract.server_info import legacy_dp_size_enabled
 from sglang_sidecar_overlay.sidecar.supervisor import SidecarOptions
 
-register_cpu_ci(est_time=30, suite="base-a-test-cpu")
+register_cpu_ci(est_time=1, suite="base-a-test-cpu")
 
 GUIDE = Path(__file__).resolve().parents[3] / "docs" / "deployment.md"
 LAUNCH = "sglang.launch_server"

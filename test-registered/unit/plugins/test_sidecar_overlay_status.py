@@ -15,7 +15,7 @@ from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.test_utils import CustomTestCase
 from sglang_sidecar_overlay import releases
 
-register_cpu_ci(est_time=20, suite="base-a-test-cpu")
+register_cpu_ci(est_time=1, suite="base-a-test-cpu")
 
 LEGACY_ENV = "SGLANG_SIDECAR_OVERLAY_LEGACY_DP_SIZE"
 
