@@ -94,7 +94,7 @@ def consumer_pids(tag: str, shim_pid: int) -> list[int]:
     for pid in cluster.pids_with_tag(tag):
         try:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-            session = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[4])
+            session = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[3])
         except (OSError, ValueError, IndexError):
             continue
         if pid == shim_pid or session == shim_pid or SHIM_MARKER in cmdline:
