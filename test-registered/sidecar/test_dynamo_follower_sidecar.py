@@ -53,7 +53,7 @@ from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.test_utils import CustomTestCase
 from sglang_sidecar_overlay import releases
 
-register_cpu_ci(est_time=300, suite="base-a-test-cpu")
+register_cpu_ci(est_time=107, suite="base-a-test-cpu")
 
 DYNAMO = "dynamo.sglang.sidecar"
 # No etcd, no NATS: discovery through files in a private directory.
