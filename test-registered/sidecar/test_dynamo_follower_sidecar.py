@@ -46,27 +46,21 @@ from collections.abc import Iterator
 from pathlib import Path
 from unittest import mock
 
-from overlay_harness import cluster
+from overlay_harness import cluster, dynamo
 from overlay_harness.cluster import EngineGroup
+from overlay_harness.dynamo import DYNAMO, TRANSPORT_ARGS, WAITING_FOR_LEADER
 from overlay_harness.testcase import TinyModelTestCase
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang_sidecar_overlay import releases
 
 register_cpu_ci(est_time=107, suite="base-a-test-cpu")
 
-DYNAMO = "dynamo.sglang.sidecar"
-# No etcd, no NATS: discovery through files in a private directory.
-TRANSPORT_ARGS = ["--discovery-backend", "file", "--request-plane", "tcp", "--event-plane", "zmq"]
 ATTENTION_DP = ["--tp", "2", "--dp", "2", "--enable-dp-attention"]
-LEGACY_ENV = "SGLANG_SIDECAR_OVERLAY_LEGACY_DP_SIZE"
-# The same switch in the upstream patch series (patches/), set alongside.
-UPSTREAM_LEGACY_ENV = "SGLANG_SERVER_INFO_LEGACY_DP_SIZE"
 # Import of the 200 MB runtime extension included; generous for a loaded 2-core machine.
 CONSUMER_DEADLINE = 240.0
 STOP_DEADLINE = 90.0
 GONE_DEADLINE = 60.0
 
-WAITING_FOR_LEADER = "Waiting for SGLang leader for local KV publishing"
 RANK_OUTSIDE_DP_SIZE = "KV source rank 1 is outside dp_size 1"
 CONSUMER_SIGTERM = "SIGTERM received"
 # The supervisor's report of an exit nobody asked for.
@@ -125,14 +119,7 @@ class TestDynamoFollowerSidecar(TinyModelTestCase):
         ]  # fmt: skip
         if grpc_endpoint:
             sidecar_args += ["--grpc-endpoint", f"http://127.0.0.1:{group.grpc_ports[1]}"]
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("DYN_", "NATS_", "ETCD_"))}
-        env.update(
-            DYN_FILE_KV=str(self.workdir / f"discovery-{uuid.uuid4().hex}"),
-            DYN_LOG="info",
-            DYN_SDK_DISABLE_ANSI_LOGGING="1",
-            NO_COLOR="1",
-        )
-        env[LEGACY_ENV] = env[UPSTREAM_LEGACY_ENV] = "1" if legacy else "0"
+        env = dynamo.consumer_environ(self.workdir, legacy=legacy)
         with (
             mock.patch.dict(os.environ, env, clear=True),
             cluster.nodes(group.for_node(0), group.for_node(1, DYNAMO, sidecar_args)) as started,

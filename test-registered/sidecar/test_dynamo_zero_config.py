@@ -19,17 +19,15 @@ import uuid
 from pathlib import Path
 from unittest import mock
 
-from overlay_harness import cluster
+from overlay_harness import cluster, dynamo
 from overlay_harness.cluster import EngineGroup
+from overlay_harness.dynamo import DYNAMO, TRANSPORT_ARGS, WAITING_FOR_LEADER
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.test_utils import CustomTestCase
 from sglang_sidecar_overlay import releases
 
 register_cpu_ci(est_time=68, suite="base-a-test-cpu")
 
-DYNAMO = "dynamo.sglang.sidecar"
-WAITING_FOR_LEADER = "Waiting for SGLang leader for local KV publishing"
-TRANSPORT_ARGS = ["--discovery-backend", "file", "--request-plane", "tcp", "--event-plane", "zmq"]
 CONSUMER_DEADLINE = 240.0
 # Dynamo 1.6.1 checks ranks against the top-level dp_size, which 0.5.22+ reports as 1 here.
 NEEDS_LEGACY_DP_SIZE = releases.adapter_for(releases.installed_sglang_version() or "0") == (
@@ -49,16 +47,7 @@ class TestDynamoZeroConfig(CustomTestCase):
                 "--namespace", f"overlay-{uuid.uuid4().hex[:12]}",
             ]  # fmt: skip
             self.assertFalse(any("endpoint" in arg for arg in sidecar_args))
-            env = {
-                k: v for k, v in os.environ.items() if not k.startswith(("DYN_", "NATS_", "ETCD_"))
-            }
-            env.update(
-                DYN_FILE_KV=str(Path(workdir) / "discovery"),
-                DYN_LOG="info",
-                DYN_SDK_DISABLE_ANSI_LOGGING="1",
-                NO_COLOR="1",
-                SGLANG_SIDECAR_OVERLAY_LEGACY_DP_SIZE="1" if NEEDS_LEGACY_DP_SIZE else "0",
-            )
+            env = dynamo.consumer_environ(Path(workdir), legacy=NEEDS_LEGACY_DP_SIZE)
             with (
                 mock.patch.dict(os.environ, env, clear=True),
                 cluster.nodes(group.for_node(0), group.for_node(1, DYNAMO, sidecar_args)) as (

@@ -39,8 +39,15 @@ import uuid
 from pathlib import Path
 from unittest import mock
 
-from overlay_harness import cluster, differences
+from overlay_harness import cluster, differences, dynamo
 from overlay_harness.cluster import EngineGroup, HttpLeader
+from overlay_harness.dynamo import (
+    DYNAMO,
+    LEGACY_ENV,
+    TRANSPORT_ARGS,
+    UPSTREAM_LEGACY_ENV,
+    WAITING_FOR_LEADER,
+)
 from overlay_harness.testcase import TinyModelTestCase
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang_sidecar_overlay import releases
@@ -48,13 +55,6 @@ from sglang_sidecar_overlay import releases
 register_cpu_ci(est_time=205, suite="base-a-test-cpu")
 
 PROVIDER = "overlay_harness.providers.kv_probe"
-DYNAMO = "dynamo.sglang.sidecar"
-WAITING_FOR_LEADER = "Waiting for SGLang leader for local KV publishing"
-TRANSPORT_ARGS = ["--discovery-backend", "file", "--request-plane", "tcp", "--event-plane", "zmq"]
-LEGACY_ENV = "SGLANG_SIDECAR_OVERLAY_LEGACY_DP_SIZE"
-# The same switch in the upstream patch series (patches/), set alongside so the scenarios run
-# unchanged against the rebuilt wheel.
-UPSTREAM_LEGACY_ENV = "SGLANG_SERVER_INFO_LEGACY_DP_SIZE"
 EVENT_DEADLINE = 120.0
 CONSUMER_DEADLINE = 180.0
 STOP_DEADLINE = 90.0
@@ -183,14 +183,7 @@ class TestSidecarLaunch(TinyModelTestCase):
             *TRANSPORT_ARGS,
             "--namespace", f"overlay-{uuid.uuid4().hex[:12]}",
         ]  # fmt: skip
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("DYN_", "NATS_", "ETCD_"))}
-        env.update(
-            DYN_FILE_KV=str(self.workdir / f"discovery-{uuid.uuid4().hex}"),
-            DYN_LOG="info",
-            DYN_SDK_DISABLE_ANSI_LOGGING="1",
-            NO_COLOR="1",
-        )
-        env[LEGACY_ENV] = env[UPSTREAM_LEGACY_ENV] = "1" if legacy else "0"
+        env = dynamo.consumer_environ(self.workdir, legacy=legacy)
         with (
             mock.patch.dict(os.environ, env, clear=True),
             tempfile.TemporaryDirectory(prefix="overlay-nodes-") as log_dir,
