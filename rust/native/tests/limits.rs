@@ -233,7 +233,8 @@ async fn a_client_that_never_finishes_the_preface_is_dropped_after_the_handshake
     });
     let mut silent = raw_connect(&server).await;
     let mut partial = raw_connect(&server).await;
-    partial.write_all(&HTTP2_PREFACE[..10]).await.unwrap();
+    // On a loaded machine the timeout may already have closed it: a failed write is fine too.
+    let _ = partial.write_all(&HTTP2_PREFACE[..10]).await;
     assert!(closed_by_server(&mut silent).await);
     assert!(closed_by_server(&mut partial).await);
     assert_answers(&server).await;
