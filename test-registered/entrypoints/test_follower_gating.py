@@ -22,13 +22,13 @@ import os
 import unittest
 from unittest import mock
 
-from overlay_harness import cluster, standin
+from overlay_harness import cluster, probes, standin
 from overlay_harness.cluster import EngineGroup
 from overlay_harness.testcase import TinyModelTestCase
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang_sidecar_overlay import releases
 
-register_cpu_ci(est_time=127, suite="base-a-test-cpu")
+register_cpu_ci(est_time=105, suite="base-a-test-cpu")
 
 # 0.5.22+ ship their own follower metadata server; the overlay replaces it except in
 # SGLANG_RUST_SERVER mode.
@@ -54,7 +54,8 @@ def with_option(args: list[str], option: str, value: str) -> list[str]:
 class TestFollowerGating(TinyModelTestCase):
     def assert_serves_nothing(self, follower: cluster.Node, port: int):
         follower.expect_ready()
-        self.assertIsNone(cluster.health(port), f"something serves on {port}")
+        served = follower.inside(probes.health, port, follower.address)
+        self.assertIsNone(served, f"something serves on {port}")
         self.assertNotIn(FOLLOWER_SERVER_LOG, follower.log_tail(400))
 
     def test_conflicting_sources_fail_the_follower_launch(self):
@@ -72,7 +73,7 @@ class TestFollowerGating(TinyModelTestCase):
             self.assertIn(f"address {shared} is claimed by two KV sources", event["error"])
             follower.proc.wait(timeout=STOP_DEADLINE)
             self.assertNotEqual(follower.proc.returncode, 0)
-            self.assertIsNone(cluster.health(group.grpc_ports[1]))
+            self.assertIsNone(follower.health())
             # The node reaped its schedulers before failing; multiprocessing's resource
             # tracker may take a moment to notice its parent is gone.
             cluster.wait_for(
@@ -102,8 +103,8 @@ class TestFollowerGating(TinyModelTestCase):
                 self.assert_serves_nothing(follower, port)
             else:
                 follower.expect_ready()
-                self.assertEqual(cluster.health(port), cluster.SERVING)
-                info = cluster.get_server_info(port)
+                self.assertEqual(follower.health(), cluster.SERVING)
+                info = follower.server_info()
                 self.assertEqual(info["node_rank"], 1)
                 self.assertEqual(info["kv_event_sources"], [])
 

@@ -10,21 +10,20 @@ framework (``SGLANG_PLUGINS=sidecar_overlay``).
 The leader runs ``Engine._launch_subprocesses`` with SGLang's real tokenizer manager and
 detokenizer (``--skip-tokenizer-init``), then the native gRPC server that the HTTP lifespan
 starts (``_start_native_grpc_server_for_runtime`` over ``RuntimeHandle``); its HTTP frontend
-is exercised in ``test_sidecar_launch``. Followers start before the leader
-(``cluster.start_followers_first``).
+is exercised in ``test_sidecar_launch``. Each node of a two-node group is its own host
+(``overlay_harness.netns``), started leader first; every probe runs on the node it asks.
 """
 
 import unittest
 
-import grpc
 import jsonschema
-from overlay_harness import cluster, differences
+from overlay_harness import cluster, differences, probes
 from overlay_harness.cluster import EngineGroup
 from overlay_harness.testcase import TinyModelTestCase
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang_sidecar_overlay.contract import schema
 
-register_cpu_ci(est_time=161, suite="base-a-test-cpu")
+register_cpu_ci(est_time=139, suite="base-a-test-cpu")
 
 
 class TestFollowerMetadata(TinyModelTestCase):
@@ -49,14 +48,14 @@ class TestFollowerMetadata(TinyModelTestCase):
             self.assertGreater(source["block_size"], 0)
         self.assertEqual(info["kv_event_rank_space"]["local_ranks"], ranks)
 
-    def assert_follower_lifecycle(self, node: cluster.Node, port: int):
+    def assert_follower_lifecycle(self, node: cluster.Node):
         """SERVING while the schedulers live; NOT_SERVING then closed once they are gone."""
         if differences.differs(differences.FOLLOWER_HEALTH):
             # Upstream's follower server answers GetServerInfo but serves no health service.
-            self.assertEqual(cluster.health_or_error(port), grpc.StatusCode.UNIMPLEMENTED)
+            self.assertEqual(node.health_or_error(), "UNIMPLEMENTED")
             return
-        self.assertEqual(cluster.health(port), cluster.SERVING)
-        watch = cluster.HealthWatch(port)
+        self.assertEqual(node.health(), cluster.SERVING)
+        watch = node.watch_health()
         try:
             # The watch is live before the kill: its first status cannot race the watcher.
             self.assertEqual(watch.first_status(), cluster.SERVING)
@@ -67,14 +66,28 @@ class TestFollowerMetadata(TinyModelTestCase):
             watch.close()
         self.assertEqual(seen[0], cluster.SERVING)
         self.assertEqual(seen[-1], cluster.NOT_SERVING)
-        cluster.wait_for(lambda: cluster.health(port) is None, 60, "the server to stop")
+        cluster.wait_for(lambda: node.health() is None, 60, "the server to stop")
+
+    def assert_sources_node_local(self, started: list[cluster.Node], infos: list[dict]):
+        """Each advertised loopback endpoint answers on its own node, and only there: a
+        consumer on another node of the group cannot reach it."""
+        for owner, info in zip(started, infos, strict=True):
+            for source in info["kv_event_sources"]:
+                endpoint = source["endpoint"]
+                batches = owner.inside(probes.live_batches, endpoint, source["topic"], 1, 0, 90)
+                self.assertEqual(len(batches), 1, f"{endpoint} on {owner.name}")
+                for other in started:
+                    if other is not owner:
+                        refused = other.inside(probes.tcp_connect_error, endpoint)
+                        self.assertIsNotNone(refused, f"{other.name} reached {endpoint}")
+                        print(f"{endpoint} of {owner.name}: from {other.name} {refused}")
 
     def run_group(self, group: EngineGroup, expected_ranks: list[list[int]]):
         with cluster.nodes(*(group.for_node(r) for r in range(group.nnodes))) as started:
             events = [node.ready() for node in started]
             for node, event in zip(started, events, strict=True):
                 self.assertEqual(event["event"], "ready", f"{event}\n{node.log_tail()}")
-            infos = [cluster.get_server_info(port) for port in group.grpc_ports]
+            infos = [node.server_info() for node in started]
             all_sources = []
             for rank, info in enumerate(infos):
                 self.assert_node_info(info, group, rank, expected_ranks[rank])
@@ -82,8 +95,10 @@ class TestFollowerMetadata(TinyModelTestCase):
             # Across the group: distinct ranks and distinct endpoints.
             self.assertEqual(len({s["dp_rank"] for s in all_sources}), len(all_sources))
             self.assertEqual(len({s["endpoint"] for s in all_sources}), len(all_sources))
+            if group.nnodes > 1:
+                self.assert_sources_node_local(started, infos)
             for rank in range(1, group.nnodes):
-                self.assert_follower_lifecycle(started[rank], group.grpc_ports[rank])
+                self.assert_follower_lifecycle(started[rank])
         return infos
 
     # --- scenarios -----------------------------------------------------------------------------
@@ -114,22 +129,22 @@ class TestFollowerMetadata(TinyModelTestCase):
 
     def test_follower_port_taken_fails_launch_and_leaves_no_scheduler(self):
         group = EngineGroup(self.model, 2, ["--tp", "2"])
-        with cluster.socket.socket() as taken:
-            taken.bind(("127.0.0.1", group.grpc_ports[1]))
-            taken.listen()
-            with cluster.nodes(group.for_node(1)) as (follower,):
-                event = follower.ready()
-                self.assertEqual(event["event"], "error", follower.log_tail())
-                self.assertIn(f"127.0.0.1:{group.grpc_ports[1]}", event["error"])
-                follower.proc.wait(timeout=120)
-                self.assertNotEqual(follower.proc.returncode, 0)
-                # The node reaped its schedulers before failing; multiprocessing's resource
-                # tracker may take a moment to notice its parent is gone.
-                cluster.wait_for(
-                    lambda: cluster.pids_with_tag(follower.tag) == [],
-                    30,
-                    "no process of the failed node to be left",
-                )
+        with (
+            cluster.holding_port(group, 1, group.grpc_ports[1]),
+            cluster.nodes(group.for_node(1)) as (follower,),
+        ):
+            event = follower.ready()
+            self.assertEqual(event["event"], "error", follower.log_tail())
+            self.assertIn(f"{group.address(1)}:{group.grpc_ports[1]}", event["error"])
+            follower.proc.wait(timeout=120)
+            self.assertNotEqual(follower.proc.returncode, 0)
+            # The node reaped its schedulers before failing; multiprocessing's resource
+            # tracker may take a moment to notice its parent is gone.
+            cluster.wait_for(
+                lambda: cluster.pids_with_tag(follower.tag) == [],
+                30,
+                "no process of the failed node to be left",
+            )
 
 
 if __name__ == "__main__":

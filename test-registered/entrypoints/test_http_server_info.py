@@ -84,7 +84,7 @@ class TestHttpServerInfo(CustomTestCase):
             # socket (seen on 0.5.23: its own post-warmup request is refused too).
             cluster.wait_for(lambda: http_listening(port), HTTP_DEADLINE, "uvicorn to listen")
             cls.bodies = {path: http_get_json(port, path) for path in ROUTES}
-            cls.grpc_info = cluster.get_server_info(cls.group.grpc_ports[0])
+            cls.grpc_info = cls.leader.server_info()
         except BaseException:
             sys.stderr.write(f"--- leader log (tail) ---\n{cls.leader.log_tail(120)}\n")
             cls.leader.stop(timeout=10)

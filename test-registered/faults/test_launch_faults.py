@@ -33,7 +33,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import sys
 import time
 import unittest
@@ -46,7 +45,7 @@ from overlay_harness.testcase import TinyModelTestCase
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang_sidecar_overlay import releases
 
-register_cpu_ci(est_time=204, suite="base-a-test-cpu")
+register_cpu_ci(est_time=161, suite="base-a-test-cpu")
 
 RELEASE = releases.installed_sglang_version() or ""
 NO_CRASH_DIAGNOSTICS = {
@@ -189,10 +188,9 @@ class TestLaunchFaults(TinyModelTestCase):
         # SGLang's follower branch joins last, so waiting on them in order would block on the
         # live one forever.
         group = EngineGroup(self.model, 2, ["--tp", "4"])
-        port = group.grpc_ports[1]
         with self.node(LaunchServerFollower, group.for_node(1), "follower") as follower:
             cluster.wait_for(
-                lambda: cluster.health(port) == cluster.SERVING or follower.proc.poll() is not None,
+                lambda: follower.health() == cluster.SERVING or follower.proc.poll() is not None,
                 cluster.NODE_READY_DEADLINE,
                 "the follower metadata server to be SERVING",
             )
@@ -215,22 +213,22 @@ class TestLaunchFaults(TinyModelTestCase):
 
     def test_follower_metadata_port_taken(self):
         group = EngineGroup(self.model, 2, ["--tp", "2"])
-        with socket.socket() as taken:
-            taken.bind(("127.0.0.1", group.grpc_ports[1]))
-            taken.listen()
-            with self.node(cluster.Node, group.for_node(1), "follower") as follower:
-                event = follower.ready()
-                failed_at = time.monotonic()
-                self.assertEqual(event["event"], "error", follower.log_tail())
-                self.assertIn(f"127.0.0.1:{group.grpc_ports[1]}", event["error"])
-                follower.proc.wait(timeout=CLEAN_DEADLINE)
-                self.assertNotEqual(follower.proc.returncode, 0)
-                wait_clean(follower)
-                report(
-                    "follower metadata port already taken",
-                    f"exit {follower.proc.returncode}: {event['error'][:120]}",
-                    time.monotonic() - failed_at,
-                )
+        with (
+            cluster.holding_port(group, 1, group.grpc_ports[1]),
+            self.node(cluster.Node, group.for_node(1), "follower") as follower,
+        ):
+            event = follower.ready()
+            failed_at = time.monotonic()
+            self.assertEqual(event["event"], "error", follower.log_tail())
+            self.assertIn(f"{group.address(1)}:{group.grpc_ports[1]}", event["error"])
+            follower.proc.wait(timeout=CLEAN_DEADLINE)
+            self.assertNotEqual(follower.proc.returncode, 0)
+            wait_clean(follower)
+            report(
+                "follower metadata port already taken",
+                f"exit {follower.proc.returncode}: {event['error'][:120]}",
+                time.monotonic() - failed_at,
+            )
 
     def test_follower_engine_killed_takes_its_sidecar_down(self):
         group = EngineGroup(self.model, 2, ["--tp", "2", "--dp", "2", "--enable-dp-attention"])

@@ -1,7 +1,12 @@
-"""Test-side helpers: node processes, free ports, a tiny model directory, gRPC probes.
+"""Test-side helpers: node processes, free ports, a tiny model directory.
 
 Each node runs ``overlay_harness.node`` in its own session, so a test can always take down a
-node with everything it spawned (``killpg``), even when the test fails half-way.
+node with everything it spawned (``killpg``), even when the test fails half-way. Every node of
+a multi-node group is its own host (``overlay_harness.netns``): its own network namespace and
+address on a private bridge, ``--dist-init-addr`` on the leader's address, so nodes start in
+any order and a node's loopback endpoints are reachable only from inside it. A test therefore
+asks a node through the node (``node.server_info()``, ``node.inside(probes.X, ...)``): in
+the node's namespace, or in the test process for a single-node group on the test's own host.
 """
 
 from __future__ import annotations
@@ -18,18 +23,19 @@ import sys
 import tempfile
 import time
 import uuid
+import weakref
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import grpc
-from sglang_sidecar_overlay.tools.probe import wire as _grpc_wire
+from overlay_harness import netns, probes
 
 HARNESS_ROOT = Path(__file__).resolve().parent.parent
 TAG_ENV = "SGLANG_OVERLAY_TEST_NODE_TAG"
 # Importing SGLang takes tens of seconds on a loaded 2-core machine, once per process.
 NODE_READY_DEADLINE = 420.0
-SERVING, NOT_SERVING = 1, 2
+SERVING, NOT_SERVING = probes.SERVING, probes.NOT_SERVING
+LOOPBACK = "127.0.0.1"
 
 TINY_LLAMA = {
     "architectures": ["LlamaForCausalLM"],
@@ -100,25 +106,41 @@ def free_port() -> int:
     return free_port_range(1)
 
 
+# Groups by their ``--dist-init-addr`` port (unique per process): a node finds its host there.
+_groups: weakref.WeakValueDictionary[int, EngineGroup] = weakref.WeakValueDictionary()
+
+
 class EngineGroup:
-    """Launch arguments of one engine group (``--nnodes`` nodes on loopback), per node."""
+    """Launch arguments of one engine group, per node: one node on the test's own host
+    (loopback), or ``--nnodes`` hosts on a private bridge (one namespace each)."""
 
     def __init__(self, model: Path, nnodes: int, parallel: list[str]):
         self.model = model
         self.nnodes = nnodes
         self.parallel = parallel
+        self.network = netns.Network(nnodes) if nnodes > 1 else None
         # With attention DP, SGLang derives its TCP IPC ports from ``--dist-init-addr``:
         # the next seven ports after it.
         self.dist_port = free_port_range(8)
+        _groups[self.dist_port] = self
         # Rank r of SGLang's ZmqEventPublisher binds base + r for its PUB and its replay ROUTER.
         self.kv_base = free_port_range(4)
         self.replay_base = free_port_range(4)
         self.grpc_ports = [free_port() for _ in range(nnodes)]
         self.http_ports = [free_port() for _ in range(nnodes)]
 
+    def host(self, node_rank: int) -> netns.Host | None:
+        """The namespace node ``node_rank`` runs in; None on the test's own host."""
+        return self.network.hosts[node_rank] if self.network is not None else None
+
+    def address(self, node_rank: int) -> str:
+        """The address node ``node_rank`` serves on (``--host``)."""
+        host = self.host(node_rank)
+        return host.address if host is not None else LOOPBACK
+
     @property
     def dist_init_addr(self) -> str:
-        return f"127.0.0.1:{self.dist_port}"
+        return f"{self.address(0)}:{self.dist_port}"
 
     def for_node(
         self, node_rank: int, sidecar: str | None = None, sidecar_args: list[str] | None = None
@@ -136,7 +158,7 @@ class EngineGroup:
             "--skip-tokenizer-init",
             "--skip-server-warmup",
             "--device", "cpu",
-            "--host", "127.0.0.1",
+            "--host", self.address(node_rank),
             "--port", str(self.http_ports[node_rank]),
             "--grpc-port", str(self.grpc_ports[node_rank]),
             "--nnodes", str(self.nnodes),
@@ -184,31 +206,198 @@ def plugin_allow_list() -> str:
     return os.environ.get("SGLANG_OVERLAY_TEST_PLUGINS", "sidecar_overlay")
 
 
+def option(args: list[str], flag: str) -> str | None:
+    """The value given to ``flag`` in launch arguments, None when absent."""
+    return args[args.index(flag) + 1] if flag in args else None
+
+
+def node_rank_of(args: list[str]) -> int:
+    return int(option(args, "--node-rank") or 0)
+
+
+def _network_and_host(args: list[str]) -> tuple[netns.Network | None, netns.Host | None]:
+    """The network and host of the group these launch arguments belong to (by the
+    ``--dist-init-addr`` port), whatever the test added to or removed from them."""
+    dist_init_addr = option(args, "--dist-init-addr")
+    group = _groups.get(int(dist_init_addr.rsplit(":", 1)[1])) if dist_init_addr else None
+    if group is None or group.network is None:
+        return None, None
+    return group.network, group.host(node_rank_of(args))
+
+
+def harness_environ() -> dict[str, str]:
+    return dict(os.environ, PYTHONPATH=str(HARNESS_ROOT))
+
+
+def run_inside(host: netns.Host | None, function: Callable[..., Any], *args: Any) -> Any:
+    """``function(*args)`` (a module-level function with JSON arguments and result) run in
+    ``host``'s namespace through ``overlay_harness.inside``; in this process when ``host`` is
+    None. An exception inside is raised here as an ``AssertionError`` naming the host."""
+    if host is None:
+        return function(*args)
+    proc = subprocess.run(
+        host.command(_inside_argv(function, args)),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=harness_environ(),
+        cwd=HARNESS_ROOT,
+    )
+    lines = proc.stdout.splitlines()
+    record = json.loads(lines[-1]) if lines else {}
+    if "result" not in record:
+        raise AssertionError(
+            f"{function.__name__}{args} inside {host}: "
+            f"{record.get('raised') or proc.stderr[-2000:]}"
+        )
+    return record["result"]
+
+
+def _inside_argv(function: Callable[..., Any], args: tuple) -> list[str]:
+    module = function.__module__
+    return [sys.executable, "-m", "overlay_harness.inside", module, function.__name__,
+            json.dumps(list(args))]  # fmt: skip
+
+
+class InsideStream:
+    """A generator function from ``overlay_harness.probes`` running in ``host``'s namespace
+    (in a subprocess on the test's own host too), its items read as they come."""
+
+    def __init__(self, host: netns.Host | None, function: Callable[..., Any], *args: Any):
+        argv = _inside_argv(function, args)
+        self.proc = subprocess.Popen(
+            host.command(argv) if host is not None else argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=harness_environ(),
+            cwd=HARNESS_ROOT,
+        )
+        self.what = f"{function.__name__}{args} in {host or 'this host'}"
+
+    def next_item(self, timeout: float = 120.0) -> Any:
+        """The next item; raises when the stream ends or nothing comes within ``timeout``."""
+        selector = selectors.DefaultSelector()
+        selector.register(self.proc.stdout, selectors.EVENT_READ)
+        try:
+            if not selector.select(timeout):
+                raise AssertionError(f"{self.what}: nothing within {timeout:.0f} s")
+        finally:
+            selector.close()
+        line = self.proc.stdout.readline()
+        record = json.loads(line) if line else {}
+        if "item" not in record:
+            raise AssertionError(f"{self.what} ended: {record or self.proc.stderr.read()[-2000:]}")
+        return record["item"]
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            self.proc.stdin.close()
+        with contextlib.suppress(ProcessLookupError):
+            self.proc.kill()
+        self.proc.wait(timeout=30)
+        self.proc.stdout.close()
+        self.proc.stderr.close()
+
+
+class HealthWatch:
+    """A grpc.health.v1 Watch stream, so a NOT_SERVING sent just before close is not missed."""
+
+    def __init__(self, node: Node):
+        self._stream = InsideStream(node.host, probes.watch_health, node.grpc_port, node.address)
+        self._seen: list[int] = []
+
+    def first_status(self) -> int:
+        """The status the server sends when the watch starts (the stream is open from then)."""
+        if not self._seen:
+            self._seen.append(self._stream.next_item())
+        return self._seen[0]
+
+    def statuses_until(self, wanted: int) -> list[int]:
+        """Every status sent since the watch started, up to the first ``wanted`` (or the end)."""
+        seen = self._seen
+        while not seen or seen[-1] != wanted:
+            try:
+                seen.append(self._stream.next_item())
+            except AssertionError:
+                break
+        return list(seen)
+
+    def close(self) -> None:
+        self._stream.close()
+
+
 class Node:
-    """One node process; ``ready()`` returns its ready event or raises with its log."""
+    """One node process; ``ready()`` returns its ready event or raises with its log.
+
+    A node of a multi-node group runs in its host's namespace (``ip netns exec`` execs, so
+    ``proc.pid`` is the node itself); the network is held from here until ``stop()``.
+    """
 
     # The module run as the node: ``overlay_harness.node`` or a provider's variant.
     module = "overlay_harness.node"
 
     def __init__(self, args: list[str], log_dir: Path, name: str):
+        self.network, self.host = _network_and_host(args)
+        self.address = self.host.address if self.host is not None else LOOPBACK
+        grpc_port = option(args, "--grpc-port")
+        self.grpc_port = int(grpc_port) if grpc_port else None
         self.tag = uuid.uuid4().hex
         self.name = name
         self.log_path = log_dir / f"{name}.log"
-        env = dict(os.environ)
+        env = harness_environ()
         env[TAG_ENV] = self.tag
-        env["PYTHONPATH"] = str(HARNESS_ROOT)
         env["SGLANG_PLUGINS"] = plugin_allow_list()
-        self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", self.module, *args],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=self._log,
-            env=env,
-            cwd=HARNESS_ROOT,
-            start_new_session=True,
-        )
+        if self.network is not None:
+            self.network.acquire()
+        try:
+            self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
+            self.proc = subprocess.Popen(
+                self.command([sys.executable, "-m", self.module, *args]),
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=self._log,
+                env=env,
+                cwd=HARNESS_ROOT,
+                start_new_session=True,
+            )
+        except BaseException:
+            self._release_network()
+            raise
         self.event: dict | None = None
+
+    def _release_network(self) -> None:
+        network, self.network = self.network, None
+        if network is not None:
+            network.release()
+
+    # --- asking the node, from where it is ---------------------------------------------------
+
+    def command(self, argv: list[str]) -> list[str]:
+        """``argv`` run on this node's host."""
+        return self.host.command(argv) if self.host is not None else argv
+
+    def inside(self, function: Callable[..., Any], *args: Any) -> Any:
+        """``function(*args)`` (from ``overlay_harness.probes``) run on this node's host."""
+        return run_inside(self.host, function, *args)
+
+    def server_info(self) -> dict:
+        """The node's native gRPC ``GetServerInfo``."""
+        return self.inside(probes.get_server_info, self.grpc_port, self.address)
+
+    def health(self) -> int | None:
+        return self.inside(probes.health, self.grpc_port, self.address)
+
+    def health_or_error(self) -> int | str:
+        return self.inside(probes.health_or_error, self.grpc_port, self.address)
+
+    def watch_health(self) -> HealthWatch:
+        return HealthWatch(self)
+
+    def http_get(self, path: str, port: int) -> list:
+        """``[status, body]`` of ``GET path`` on the node's HTTP ``port``."""
+        return self.inside(probes.http_get, port, self.address, path)
 
     def log_tail(self, lines: int = 60) -> str:
         with contextlib.suppress(OSError):
@@ -245,18 +434,6 @@ class Node:
             raise AssertionError(f"{self.name} did not get ready: {event}\n{self.log_tail(200)}")
         return event
 
-    def wait_past_port_checks(self, timeout: float = NODE_READY_DEADLINE) -> None:
-        """Until the node has spawned a child process or exited.
-
-        ``Engine._launch_subprocesses`` spawns nothing before ``PortArgs.init_new`` (its only
-        port availability checks) has returned.
-        """
-        wait_for(
-            lambda: len(pids_with_tag(self.tag)) > 1 or self.proc.poll() is not None,
-            timeout,
-            f"{self.name} to start its first child process",
-        )
-
     def stop(self, timeout: float = 30.0) -> int | None:
         """Close stdin (orderly stop), then kill the node's whole session.
 
@@ -276,6 +453,7 @@ class Node:
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout=30)
         self._log.close()
+        self._release_network()
         return self.proc.returncode
 
 
@@ -292,32 +470,39 @@ class HttpLeader(Node):
         return self.proc.wait(timeout=timeout)
 
 
-def node_rank_of(args: list[str]) -> int:
-    return int(args[args.index("--node-rank") + 1]) if "--node-rank" in args else 0
-
-
-def start_followers_first(start: Callable[[list[str], int], Node], arg_lists: list[list[str]]):
-    """Start every follower and let it pass its port checks, then the leader; returns all nodes.
-
-    One host plays every node here. With attention DP, SGLang derives the leader's TCP IPC
-    ports from ``--dist-init-addr`` and every node's ``PortArgs.init_new`` waits for them to be
-    free; the leader's real tokenizer manager and detokenizer then bind them. On a cluster they
-    are bound on another host; here a follower must pass that check before the leader binds.
-    It cannot wait for the follower's ready event: an attention-DP follower's DP controller
-    only gets ready after the leader's has sent it the worker ports.
-    """
-    order = sorted(range(len(arg_lists)), key=lambda i: node_rank_of(arg_lists[i]) == 0)
-    started: dict[int, Node] = {}
+def start_nodes(start: Callable[[list[str], int], Node], arg_lists: list[list[str]]):
+    """Start the nodes in the order given (each node is its own host, so any order works);
+    if one fails to start, stop the ones already started. Returns them in that order."""
+    started: list[Node] = []
     try:
-        for index in order:
-            started[index] = start(arg_lists[index], index)
-            if node_rank_of(arg_lists[index]) != 0:
-                started[index].wait_past_port_checks()
+        for index, args in enumerate(arg_lists):
+            started.append(start(args, index))
     except BaseException:
-        for node in started.values():
+        for node in started:
             node.stop()
         raise
-    return [started[index] for index in range(len(arg_lists))]
+    return started
+
+
+@contextlib.contextmanager
+def holding_port(group: EngineGroup, node_rank: int, port: int) -> Iterator[None]:
+    """``port`` on node ``node_rank``'s address taken (bound, listening) by another process on
+    that node's host, before the node starts."""
+    network = group.network
+    if network is not None:
+        network.acquire()
+    try:
+        holder = InsideStream(
+            group.host(node_rank), probes.hold_port, group.address(node_rank), port
+        )
+        try:
+            holder.next_item(timeout=60)
+            yield
+        finally:
+            holder.close()
+    finally:
+        if network is not None:
+            network.release()
 
 
 @contextlib.contextmanager
@@ -334,11 +519,11 @@ def running(node: Node, stop_timeout: float = 5.0) -> Iterator[Node]:
 
 @contextlib.contextmanager
 def nodes(*arg_lists: list[str]) -> Iterator[list[Node]]:
-    """Start the nodes (followers first, see ``start_followers_first``); always stop them."""
+    """Start the nodes in the order given (``start_nodes``); always stop them."""
     with tempfile.TemporaryDirectory(prefix="overlay-nodes-") as log_dir:
         started: list[Node] = []
         try:
-            started = start_followers_first(
+            started = start_nodes(
                 lambda args, index: Node(args, Path(log_dir), f"node{index}"), list(arg_lists)
             )
             yield started
@@ -349,73 +534,3 @@ def nodes(*arg_lists: list[str]) -> Iterator[list[Node]]:
         finally:
             for node in started:
                 node.stop()
-
-
-# --- gRPC probes -------------------------------------------------------------------------------
-
-
-def _raw(channel: grpc.Channel, path: str) -> Any:
-    return channel.unary_unary(
-        path, request_serializer=lambda b: b, response_deserializer=lambda b: b
-    )
-
-
-def get_server_info(port: int, host: str = "127.0.0.1") -> dict:
-    with grpc.insecure_channel(f"{host}:{port}") as channel:
-        reply = _raw(channel, _grpc_wire.GET_SERVER_INFO_PATH)(
-            _grpc_wire.encode_get_server_info_request(), timeout=30.0
-        )
-    return json.loads(_grpc_wire.decode_get_server_info_response(reply))
-
-
-def health(port: int, host: str = "127.0.0.1") -> int | None:
-    """grpc.health.v1 status of the whole server, None when nothing answers."""
-    status = health_or_error(port, host)
-    return status if isinstance(status, int) else None
-
-
-def health_or_error(port: int, host: str = "127.0.0.1") -> int | grpc.StatusCode:
-    """grpc.health.v1 status of the whole server, or the gRPC error code of the Check."""
-    with grpc.insecure_channel(f"{host}:{port}") as channel:
-        try:
-            reply = _raw(channel, _grpc_wire.HEALTH_CHECK_PATH)(
-                _grpc_wire.encode_health_check_request(""), timeout=5.0
-            )
-        except grpc.RpcError as exc:
-            return exc.code()
-    return _grpc_wire.decode_health_check_response(reply)
-
-
-class HealthWatch:
-    """A grpc.health.v1 Watch stream, so a NOT_SERVING sent just before close is not missed."""
-
-    def __init__(self, port: int, host: str = "127.0.0.1"):
-        self._channel = grpc.insecure_channel(f"{host}:{port}")
-        watch = self._channel.unary_stream(
-            _grpc_wire.HEALTH_WATCH_PATH,
-            request_serializer=lambda b: b,
-            response_deserializer=lambda b: b,
-        )
-        self._stream = watch(_grpc_wire.encode_health_check_request(""), timeout=120.0)
-        self._seen: list[int] = []
-
-    def first_status(self) -> int:
-        """The status the server sends when the watch starts (the stream is open from then)."""
-        if not self._seen:
-            self._seen.append(_grpc_wire.decode_health_check_response(next(self._stream)))
-        return self._seen[0]
-
-    def statuses_until(self, wanted: int) -> list[int]:
-        """Every status sent since the watch started, up to the first ``wanted``."""
-        seen = list(self._seen)
-        if seen and seen[-1] == wanted:
-            return seen
-        for reply in self._stream:
-            seen.append(_grpc_wire.decode_health_check_response(reply))
-            if seen[-1] == wanted:
-                return seen
-        return seen
-
-    def close(self) -> None:
-        self._stream.cancel()
-        self._channel.close()

@@ -35,27 +35,23 @@ import inspect
 import json
 import os
 import secrets
-import ssl
 import subprocess
 import sys
 import tempfile
 import unittest
-import urllib.request
 from pathlib import Path
 from unittest import mock
 
-import grpc
 import msgspec
-from overlay_harness import cluster
+from overlay_harness import cluster, probes
 from overlay_harness.cluster import EngineGroup, HttpLeader
 from sglang.srt.server_args import ServerArgs
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.test_utils import CustomTestCase
 from sglang_sidecar_overlay import releases
 from sglang_sidecar_overlay.contract.redaction import is_secret_name
-from sglang_sidecar_overlay.tools.probe import wire
 
-register_cpu_ci(est_time=49, suite="base-a-test-cpu")
+register_cpu_ci(est_time=46, suite="base-a-test-cpu")
 
 RELEASE = releases.installed_sglang_version() or ""
 PROVIDER = "security.sidecar_dump"
@@ -182,27 +178,6 @@ def plant(fields: list[tuple[str, object]], flags: dict) -> tuple[list[str], dic
     return args, planted
 
 
-def grpc_server_info_text(port: int) -> str:
-    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
-        call = channel.unary_unary(
-            wire.GET_SERVER_INFO_PATH,
-            request_serializer=lambda b: b,
-            response_deserializer=lambda b: b,
-        )
-        reply = call(wire.encode_get_server_info_request(), timeout=30.0)
-    return wire.decode_get_server_info_response(reply)
-
-
-def http_server_info_text(port: int, tls: bool) -> str:
-    """``GET /server_info`` from the leader's uvicorn (the throwaway certificate is not
-    verified: it is only there so SGLang accepts the planted key password)."""
-    scheme = "https" if tls else "http"
-    context = ssl._create_unverified_context() if tls else None
-    url = f"{scheme}://127.0.0.1:{port}/server_info"
-    with urllib.request.urlopen(url, timeout=HTTP_DEADLINE, context=context) as reply:
-        return reply.read().decode("utf-8")
-
-
 def tls_files(directory: Path) -> list[str]:
     """A throwaway self-signed certificate and key: SGLang refuses ``--ssl-keyfile-password``
     without them, so planting that secret means serving HTTPS."""
@@ -259,7 +234,7 @@ class TestPlantedSecrets(CustomTestCase):
             texts: dict[str, str] = {}
             started: list[cluster.Node] = []
             with mock.patch.dict(os.environ, env), contextlib.ExitStack() as stack:
-                started = cluster.start_followers_first(
+                started = cluster.start_nodes(
                     lambda args, index: (HttpLeader, cluster.Node)[index](
                         args, workdir, ("leader", "follower")[index]
                     ),
@@ -271,9 +246,15 @@ class TestPlantedSecrets(CustomTestCase):
                     for node in started:
                         event = node.ready()
                         self.assertEqual(event["event"], "ready", f"{event}\n{node.log_tail()}")
-                    texts["grpc leader"] = grpc_server_info_text(group.grpc_ports[0])
-                    texts["grpc follower"] = grpc_server_info_text(group.grpc_ports[1])
-                    http_text = http_server_info_text(group.http_ports[0], tls)
+                    for node, role in zip(started, ("leader", "follower"), strict=True):
+                        texts[f"grpc {role}"] = node.inside(
+                            probes.server_info_text, node.grpc_port, node.address
+                        )
+                    leader = started[0]
+                    status, http_text = leader.inside(
+                        probes.http_text, group.http_ports[0], leader.address, "/server_info", tls
+                    )
+                    self.assertEqual(status, 200, http_text[:2000])
                     states = json.loads(http_text)["internal_states"]
                     # Both DP groups' schedulers answered: the scan covers their server args.
                     self.assertEqual([s.get("tp_size") for s in states], [2, 2], http_text[:2000])

@@ -17,7 +17,8 @@ Scenarios, on every release:
   engine process is killed (SIGKILL, so no orderly stop: its metadata server goes away with it)
   and the consumer ends with it: it receives SIGTERM and no process of it is left;
 - attention DP with the switch off, no endpoint in ``--sidecar-args`` (the consumer reads the
-  ``DYN_SIDECAR_GRPC_ENDPOINT`` the supervisor sets): 0.5.22+ report ``dp_size=1`` and the
+  ``DYN_SIDECAR_GRPC_ENDPOINT`` the supervisor sets, and reaches the follower with it either
+  way: a rejection is of what the follower served): 0.5.22+ report ``dp_size=1`` and the
   consumer rejects the follower ("KV source rank 1 is outside dp_size 1"), which brings the
   follower down; 0.5.19-0.5.21 report ``dp_size=2`` and it waits, then ends with its follower
   as above.
@@ -26,8 +27,10 @@ Covered elsewhere through real followers, not repeated here: the orderly stop (s
 before the metadata server) and the switch set only where needed
 (``test_sidecar_launch.py``, ``run_follower_consumer``); the TP-only follower, which owns no
 publisher and never gets the consumer (``test_sidecar_launch.py``,
-``test_follower_without_publisher_never_launches_the_sidecar``); no endpoint at all in
-``--sidecar-args`` (``test_dynamo_zero_config.py``).
+``test_follower_without_publisher_never_launches_the_sidecar``).
+
+Each node is its own host (``overlay_harness.netns``): the consumer runs in the follower's
+namespace, the only place the follower's loopback endpoints are reachable from.
 
 Requires ``ai-dynamo`` and ``ai-dynamo-runtime`` in the environment (``scripts/sglang_envs.py``
 installs them through ``scripts/dynamo_env.py``); a missing install fails the tests.
@@ -53,7 +56,7 @@ from overlay_harness.testcase import TinyModelTestCase
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang_sidecar_overlay import releases
 
-register_cpu_ci(est_time=107, suite="base-a-test-cpu")
+register_cpu_ci(est_time=89, suite="base-a-test-cpu")
 
 ATTENTION_DP = ["--tp", "2", "--dp", "2", "--enable-dp-attention"]
 # Import of the 200 MB runtime extension included; generous for a loaded 2-core machine.
@@ -118,7 +121,7 @@ class TestDynamoFollowerSidecar(TinyModelTestCase):
             "--namespace", f"overlay-{uuid.uuid4().hex[:12]}",
         ]  # fmt: skip
         if grpc_endpoint:
-            sidecar_args += ["--grpc-endpoint", f"http://127.0.0.1:{group.grpc_ports[1]}"]
+            sidecar_args += ["--grpc-endpoint", f"http://{group.address(1)}:{group.grpc_ports[1]}"]
         env = dynamo.consumer_environ(self.workdir, legacy=legacy)
         with (
             mock.patch.dict(os.environ, env, clear=True),
@@ -142,7 +145,7 @@ class TestDynamoFollowerSidecar(TinyModelTestCase):
     def shim_pid(self, group: EngineGroup, follower: cluster.Node) -> int:
         """The consumer's shim, from the overlay's start line, started on the node's endpoint."""
         line = self.log_line(follower, f"follower sidecar {DYNAMO} started pid=")
-        self.assertIn(f"endpoint=http://127.0.0.1:{group.grpc_ports[1]} ", line)
+        self.assertIn(f"endpoint=http://{group.address(1)}:{group.grpc_ports[1]} ", line)
         return int(re.search(r"started pid=(\d+)", line).group(1))
 
     def assert_waits_for_leader(self, group: EngineGroup, follower: cluster.Node) -> None:
@@ -150,7 +153,7 @@ class TestDynamoFollowerSidecar(TinyModelTestCase):
         self.assertIn("node_rank=1", line)
         # The group the consumer derived from the follower's own GetServerInfo.
         self.assertIn(f'group="dist_init:tcp://{group.dist_init_addr}"', line)
-        info = cluster.get_server_info(group.grpc_ports[1])
+        info = follower.server_info()
         self.assertEqual(info["node_rank"], 1)
         self.assertEqual(info["dp_size"], 2)
         self.assertEqual(info["kv_event_rank_space"]["size"], 2)

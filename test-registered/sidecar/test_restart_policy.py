@@ -30,7 +30,7 @@ from overlay_harness.cluster import EngineGroup, HttpLeader
 from overlay_harness.testcase import TinyModelTestCase
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=25, suite="base-a-test-cpu")
+register_cpu_ci(est_time=22, suite="base-a-test-cpu")
 
 PROVIDER = "overlay_harness.providers.kv_probe"
 RESTART = ["--sidecar-restart", "on-failure", "--sidecar-max-restarts", "1"]
@@ -84,7 +84,7 @@ class TestRestartPolicy(TinyModelTestCase):
             self.assertIsNone(node.proc.poll(), "the node went down on a restartable exit")
             # A new process that reached the node's metadata server again.
             self.assertEqual(provider_steps(report, second["pid"])[:2], ["started", "server_info"])
-            self.assertEqual(cluster.get_server_info(group.grpc_ports[0])["node_rank"], 0)
+            self.assertEqual(node.server_info()["node_rank"], 0)
 
             os.kill(second["pid"], signal.SIGKILL)
             node.proc.wait(timeout=STOP_DEADLINE)

@@ -6,8 +6,8 @@ event batch every 0.5 s). The leader runs ``http_server.launch_server`` itself
 (``overlay_harness.providers.http_node``): uvicorn and the FastAPI lifespan that binds the
 native gRPC server and then calls ``start_sidecar`` (the plugin's supervisor), with SGLang's
 real tokenizer manager and detokenizer (``--skip-tokenizer-init``). Followers run the real
-follower branch (``overlay_harness.node``) and start before the leader
-(``cluster.start_followers_first``).
+follower branch (``overlay_harness.node``); in a two-node group each node is its own host
+(``overlay_harness.netns``), so the follower's consumer and probes run in its namespace.
 
 Scenarios:
 1. leader ``--sidecar overlay_harness.providers.kv_probe``: the provider starts after the
@@ -52,7 +52,7 @@ from overlay_harness.testcase import TinyModelTestCase
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang_sidecar_overlay import releases
 
-register_cpu_ci(est_time=205, suite="base-a-test-cpu")
+register_cpu_ci(est_time=142, suite="base-a-test-cpu")
 
 PROVIDER = "overlay_harness.providers.kv_probe"
 EVENT_DEADLINE = 120.0
@@ -179,7 +179,7 @@ class TestSidecarLaunch(TinyModelTestCase):
         follower_args = [
             "--sidecar-on-followers",
             "--sidecar-shutdown-timeout", "10",
-            "--grpc-endpoint", f"http://127.0.0.1:{group.grpc_ports[1]}",
+            "--grpc-endpoint", f"http://{group.address(1)}:{group.grpc_ports[1]}",
             *TRANSPORT_ARGS,
             "--namespace", f"overlay-{uuid.uuid4().hex[:12]}",
         ]  # fmt: skip
@@ -188,9 +188,7 @@ class TestSidecarLaunch(TinyModelTestCase):
             mock.patch.dict(os.environ, env, clear=True),
             tempfile.TemporaryDirectory(prefix="overlay-nodes-") as log_dir,
         ):
-            # Followers first: the leader's real tokenizer manager binds the port plan that
-            # a follower on this same host checks (see cluster.start_followers_first).
-            leader, follower = cluster.start_followers_first(
+            leader, follower = cluster.start_nodes(
                 lambda args, index: (HttpLeader, cluster.Node)[index](
                     args, Path(log_dir), ("leader", "follower")[index]
                 ),
@@ -202,7 +200,7 @@ class TestSidecarLaunch(TinyModelTestCase):
             try:
                 for node in (leader, follower):
                     node.expect_ready()
-                info = cluster.get_server_info(group.grpc_ports[1])
+                info = follower.server_info()
 
                 def waiting_line() -> str | None:
                     text = follower.log_path.read_text(errors="replace")
@@ -229,7 +227,7 @@ class TestSidecarLaunch(TinyModelTestCase):
                     # through SGLang's Engine.shutdown (0.5.19-0.5.21: the overlay's BEFORE
                     # hook; 0.5.22+: stop_grpc_server), i.e. before the schedulers are killed:
                     # no scheduler exit is seen first.
-                    server = f"follower metadata server at 127.0.0.1:{group.grpc_ports[1]}"
+                    server = f"follower metadata server at {follower.address}:{follower.grpc_port}"
                     server_serving = log_index(log, f"{server} is SERVING")
                     server_stopped = log_index(log, f"{server} stopped")
                     self.assertLess(server_serving, sidecar_started)
@@ -263,13 +261,13 @@ class TestSidecarLaunch(TinyModelTestCase):
         group = EngineGroup(self.model, 2, ["--tp", "2", "--dp", "2", "--enable-dp-attention"])
         with (
             mock.patch.dict(os.environ, {LEGACY_ENV: "0", UPSTREAM_LEGACY_ENV: "0"}),
-            cluster.nodes(group.for_node(0), group.for_node(1)) as started,
+            cluster.nodes(group.for_node(0), group.for_node(1)) as (leader, follower),
         ):
-            for node in started:
+            for node in (leader, follower):
                 node.expect_ready()
             probe = subprocess.run(
-                [sys.executable, "-m", "sglang_sidecar_overlay", "probe",
-                 f"127.0.0.1:{group.grpc_ports[1]}", "--timeout", "10"],
+                follower.command([sys.executable, "-m", "sglang_sidecar_overlay", "probe",
+                                  f"{follower.address}:{follower.grpc_port}", "--timeout", "10"]),
                 capture_output=True, text=True, timeout=120,
             )  # fmt: skip
         output = probe.stdout + probe.stderr
@@ -292,7 +290,7 @@ class TestSidecarLaunch(TinyModelTestCase):
         ) as started:
             for node in started:
                 node.expect_ready()
-            self.assertEqual(cluster.get_server_info(group.grpc_ports[1])["kv_event_sources"], [])
+            self.assertEqual(started[1].server_info()["kv_event_sources"], [])
             log = started[1].log_path.read_text(errors="replace")
             self.assertIn("owns no KV-event publisher", log)
             self.assertNotIn("follower sidecar", log)

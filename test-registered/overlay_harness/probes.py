@@ -1,0 +1,186 @@
+"""Clients a test points at a node: gRPC, HTTP, TCP and ZMQ, each returning plain JSON values.
+
+A node of a multi-node group is its own host, reachable only from inside it, so these run
+where the node is: ``Node.inside(function, ...)`` calls them in the test process for a node on
+the test's own host, or through ``overlay_harness.inside`` in the node's namespace. Bytes come
+back as hex strings for that reason.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import ssl
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import grpc
+import zmq
+from sglang_sidecar_overlay.tools.probe import wire
+
+SERVING, NOT_SERVING = 1, 2
+SEQ_BYTES = 8
+END_SEQ = -1
+
+
+def _raw(channel: grpc.Channel, path: str) -> Any:
+    return channel.unary_unary(
+        path, request_serializer=lambda b: b, response_deserializer=lambda b: b
+    )
+
+
+def server_info_text(port: int, host: str) -> str:
+    """The JSON text of the native gRPC ``GetServerInfo`` reply, as served."""
+    with grpc.insecure_channel(f"{host}:{port}") as channel:
+        reply = _raw(channel, wire.GET_SERVER_INFO_PATH)(
+            wire.encode_get_server_info_request(), timeout=30.0
+        )
+    return wire.decode_get_server_info_response(reply)
+
+
+def get_server_info(port: int, host: str) -> dict:
+    return json.loads(server_info_text(port, host))
+
+
+def health_or_error(port: int, host: str) -> int | str:
+    """grpc.health.v1 status of the whole server, or the gRPC status name of the failed Check
+    (``UNAVAILABLE`` when nothing answers)."""
+    with grpc.insecure_channel(f"{host}:{port}") as channel:
+        try:
+            reply = _raw(channel, wire.HEALTH_CHECK_PATH)(
+                wire.encode_health_check_request(""), timeout=5.0
+            )
+        except grpc.RpcError as exc:
+            return exc.code().name
+    return wire.decode_health_check_response(reply)
+
+
+def health(port: int, host: str) -> int | None:
+    """grpc.health.v1 status of the whole server, None when nothing answers."""
+    status = health_or_error(port, host)
+    return status if isinstance(status, int) else None
+
+
+def watch_health(port: int, host: str) -> Iterator[int]:
+    """Every status of a grpc.health.v1 Watch stream, the current one first, until it ends."""
+    with grpc.insecure_channel(f"{host}:{port}") as channel:
+        watch = channel.unary_stream(
+            wire.HEALTH_WATCH_PATH,
+            request_serializer=lambda b: b,
+            response_deserializer=lambda b: b,
+        )
+        stream = watch(wire.encode_health_check_request(""), timeout=120.0)
+        try:
+            for reply in stream:
+                yield wire.decode_health_check_response(reply)
+        except grpc.RpcError:
+            return
+
+
+def http_text(port: int, host: str, path: str, tls: bool = False) -> list:
+    """``[status, body text]`` of ``GET path``; with ``tls`` over HTTPS, the certificate not
+    verified (tests serve a throwaway one)."""
+    scheme = "https" if tls else "http"
+    context = ssl._create_unverified_context() if tls else None
+    url = f"{scheme}://{host}:{port}{path}"
+    try:
+        with urllib.request.urlopen(url, timeout=60, context=context) as reply:
+            return [reply.status, reply.read().decode()]
+    except urllib.error.HTTPError as exc:
+        return [exc.code, exc.read().decode(errors="replace")]
+
+
+def http_get(port: int, host: str, path: str) -> list:
+    """``[status, body]`` of ``GET path`` (the body parsed when it is JSON)."""
+    status, text = http_text(port, host, path)
+    try:
+        return [status, json.loads(text)]
+    except ValueError:
+        return [status, text]
+
+
+def tcp_connect_error(endpoint: str) -> str | None:
+    """None when a TCP connection to ``tcp://host:port`` is accepted, else the error."""
+    host, port = endpoint.removeprefix("tcp://").rsplit(":", 1)
+    try:
+        with socket.create_connection((host, int(port)), timeout=5.0):
+            return None
+    except OSError as exc:
+        return f"{type(exc).__name__}: {exc}"
+
+
+def _receive_before(sock: zmq.Socket, deadline: float, failure: Callable[[], str]) -> list:
+    """The socket's next multipart message, or ``AssertionError(failure())`` at ``deadline``."""
+    while (remaining := deadline - time.monotonic()) > 0:
+        if sock.poll(timeout=min(remaining, 1.0) * 1000):
+            return sock.recv_multipart()
+    raise AssertionError(failure())
+
+
+def live_batches(endpoint: str, topic: str, count: int, min_seq: int, seconds: float) -> list:
+    """``[[seq, payload hex]]`` of the first ``count`` live batches numbered ``min_seq`` or more
+    that a SUB socket receives from ``endpoint`` (it may join before the first is published);
+    raises when they do not all come within ``seconds``."""
+    with zmq.Context() as context, context.socket(zmq.SUB) as sub:
+        sub.setsockopt(zmq.LINGER, 0)
+        sub.setsockopt(zmq.SUBSCRIBE, topic.encode())
+        sub.connect(endpoint)
+        seen: dict[int, str] = {}
+        deadline = time.monotonic() + seconds
+        while len(seen) < count:
+            got_topic, seq, payload = _receive_before(
+                sub,
+                deadline,
+                lambda: f"{len(seen)} live batch(es) from {endpoint} within {seconds:.0f} s",
+            )
+            if got_topic != topic.encode():
+                raise AssertionError(f"live topic {got_topic!r} on {endpoint}")
+            number = int.from_bytes(seq, "big", signed=True)
+            if number >= min_seq:
+                seen[number] = payload.hex()
+        return sorted([seq, payload] for seq, payload in seen.items())
+
+
+def replay(endpoint: str, start: int, seconds: float) -> list:
+    """``[[topic or None, seq, payload hex]]`` a DEALER gets back from a publisher's replay
+    ROUTER for ``start``, up to the end marker. Before SGLang 0.5.22 a replayed message has no
+    topic frame."""
+    with zmq.Context() as context, context.socket(zmq.DEALER) as dealer:
+        dealer.setsockopt(zmq.LINGER, 0)
+        dealer.connect(endpoint)
+        # The ROUTER reads [identity, "", start]; a DEALER adds no delimiter of its own.
+        dealer.send_multipart([b"", start.to_bytes(SEQ_BYTES, "big")])
+        replayed: list = []
+        deadline = time.monotonic() + seconds
+        while True:
+            frames = _receive_before(
+                dealer,
+                deadline,
+                lambda: f"no end marker from {endpoint} within {seconds:.0f} s "
+                f"({len(replayed)} batch(es) replayed)",
+            )
+            if frames[0] != b"":
+                raise AssertionError(f"replay message without its delimiter: {frames}")
+            if len(frames) == 4:
+                topic, seq, payload = frames[1:]
+            elif len(frames) == 3:
+                topic, (seq, payload) = None, frames[1:]
+            else:
+                raise AssertionError(f"replay message of {len(frames)} frames: {frames}")
+            number = int.from_bytes(seq, "big", signed=True)
+            if number == END_SEQ:
+                return replayed
+            replayed.append([topic.decode() if topic is not None else None, number, payload.hex()])
+
+
+def hold_port(host: str, port: int) -> Iterator[str]:
+    """Bind and listen on ``host:port``; yields once bound, holds it until stdin closes."""
+    with socket.socket() as taken:
+        taken.bind((host, port))
+        taken.listen()
+        yield "bound"
+        sys.stdin.read()
