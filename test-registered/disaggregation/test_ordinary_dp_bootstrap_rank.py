@@ -57,7 +57,7 @@ from overlay_harness import cluster, differences
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.test_utils import CustomTestCase
 
-register_cpu_ci(est_time=32, suite="base-a-test-cpu")
+register_cpu_ci(est_time=29, suite="base-a-test-cpu")
 
 logger = logging.getLogger(__name__)
 
