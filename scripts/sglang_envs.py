@@ -382,6 +382,7 @@ PLUGINS_ENV = "SGLANG_OVERLAY_TEST_PLUGINS"
 # The scenario files compared on both sides (patches/DIFFERENCES.md says why the others are not).
 EQUIVALENCE_FILES = (
     "test-registered/entrypoints/test_follower_metadata.py",
+    "test-registered/contract/test_attention_dp_group.py",
     "test-registered/sidecar/test_sidecar_launch.py",
     "test-registered/disaggregation/test_ordinary_dp_bootstrap_rank.py",
 )

@@ -11,92 +11,32 @@ The leader runs ``Engine._launch_subprocesses`` with SGLang's real tokenizer man
 detokenizer (``--skip-tokenizer-init``), then the native gRPC server that the HTTP lifespan
 starts (``_start_native_grpc_server_for_runtime`` over ``RuntimeHandle``); its HTTP frontend
 is exercised in ``test_sidecar_launch``. Each node of a two-node group is its own host
-(``overlay_harness.netns``), started leader first; every probe runs on the node it asks.
+(``overlay_harness.netns``), started leader first; every probe runs on the node it asks. The
+two-node attention-DP group is ``contract/test_attention_dp_group.py``, launched once for
+every check that reads it.
 """
 
 import unittest
 
-import jsonschema
-from overlay_harness import cluster, differences, probes
+from overlay_harness import cluster
+from overlay_harness.checks import NodeInfoChecks
 from overlay_harness.cluster import EngineGroup
 from overlay_harness.testcase import TinyModelTestCase
 from sglang.test.ci.ci_register import register_cpu_ci
-from sglang_sidecar_overlay.contract import schema
 
-register_cpu_ci(est_time=139, suite="base-a-test-cpu")
+register_cpu_ci(est_time=91, suite="base-a-test-cpu")
 
 
-class TestFollowerMetadata(TinyModelTestCase):
-    @classmethod
-    def setUpClass(cls):
-        super().setUpClass()
-        cls.schema = schema.load_schema()
-
-    # --- checks shared by every node ---------------------------------------------------------
-
-    def assert_node_info(self, info: dict, group: EngineGroup, node_rank: int, ranks: list[int]):
-        jsonschema.validate(info, self.schema)
-        self.assertEqual(info["node_rank"], node_rank)
-        self.assertEqual(info["nnodes"], group.nnodes)
-        sources = info["kv_event_sources"]
-        self.assertEqual([s["dp_rank"] for s in sources], ranks, sources)
-        for source in sources:
-            # Real rank selection: the publisher of rank r binds base + r, on loopback.
-            expected = f"tcp://127.0.0.1:{group.kv_base + source['dp_rank']}"
-            self.assertEqual(source["endpoint"], expected)
-            self.assertEqual(source["topic"], "kv")
-            self.assertGreater(source["block_size"], 0)
-        self.assertEqual(info["kv_event_rank_space"]["local_ranks"], ranks)
-
-    def assert_follower_lifecycle(self, node: cluster.Node):
-        """SERVING while the schedulers live; NOT_SERVING then closed once they are gone."""
-        if differences.differs(differences.FOLLOWER_HEALTH):
-            # Upstream's follower server answers GetServerInfo but serves no health service.
-            self.assertEqual(node.health_or_error(), "UNIMPLEMENTED")
-            return
-        self.assertEqual(node.health(), cluster.SERVING)
-        watch = node.watch_health()
-        try:
-            # The watch is live before the kill: its first status cannot race the watcher.
-            self.assertEqual(watch.first_status(), cluster.SERVING)
-            for pid in node.event["pids"]:
-                cluster.os.kill(pid, cluster.signal.SIGKILL)
-            seen = watch.statuses_until(cluster.NOT_SERVING)
-        finally:
-            watch.close()
-        self.assertEqual(seen[0], cluster.SERVING)
-        self.assertEqual(seen[-1], cluster.NOT_SERVING)
-        cluster.wait_for(lambda: node.health() is None, 60, "the server to stop")
-
-    def assert_sources_node_local(self, started: list[cluster.Node], infos: list[dict]):
-        """Each advertised loopback endpoint answers on its own node, and only there: a
-        consumer on another node of the group cannot reach it."""
-        for owner, info in zip(started, infos, strict=True):
-            for source in info["kv_event_sources"]:
-                endpoint = source["endpoint"]
-                batches = owner.inside(probes.live_batches, endpoint, source["topic"], 1, 0, 90)
-                self.assertEqual(len(batches), 1, f"{endpoint} on {owner.name}")
-                for other in started:
-                    if other is not owner:
-                        refused = other.inside(probes.tcp_connect_error, endpoint)
-                        self.assertIsNotNone(refused, f"{other.name} reached {endpoint}")
-                        print(f"{endpoint} of {owner.name}: from {other.name} {refused}")
-
+class TestFollowerMetadata(TinyModelTestCase, NodeInfoChecks):
     def run_group(self, group: EngineGroup, expected_ranks: list[list[int]]):
         with cluster.nodes(*(group.for_node(r) for r in range(group.nnodes))) as started:
             events = [node.ready() for node in started]
             for node, event in zip(started, events, strict=True):
                 self.assertEqual(event["event"], "ready", f"{event}\n{node.log_tail()}")
             infos = [node.server_info() for node in started]
-            all_sources = []
             for rank, info in enumerate(infos):
                 self.assert_node_info(info, group, rank, expected_ranks[rank])
-                all_sources.extend(info["kv_event_sources"])
-            # Across the group: distinct ranks and distinct endpoints.
-            self.assertEqual(len({s["dp_rank"] for s in all_sources}), len(all_sources))
-            self.assertEqual(len({s["endpoint"] for s in all_sources}), len(all_sources))
-            if group.nnodes > 1:
-                self.assert_sources_node_local(started, infos)
+            self.assert_group_sources(started, infos)
             for rank in range(1, group.nnodes):
                 self.assert_follower_lifecycle(started[rank])
         return infos
@@ -107,12 +47,6 @@ class TestFollowerMetadata(TinyModelTestCase):
         group = EngineGroup(self.model, 1, ["--tp", "2"])
         (info,) = self.run_group(group, [[0]])
         self.assertEqual(info["kv_event_rank_space"]["size"], 1)
-
-    def test_two_nodes_attention_dp2_tp2_each_node_lists_its_own_source(self):
-        group = EngineGroup(self.model, 2, ["--tp", "2", "--dp", "2", "--enable-dp-attention"])
-        infos = self.run_group(group, [[0], [1]])
-        for info in infos:
-            self.assertEqual(info["kv_event_rank_space"]["size"], 2)
 
     def test_ordinary_dp2_tp1_through_the_dp_controller(self):
         # SGLang refuses ordinary DP across nodes ("multi-node data parallel is not supported

@@ -18,9 +18,9 @@ Scenarios:
 2. two nodes, the follower with ``--sidecar dynamo.sglang.sidecar --sidecar-on-followers``
    (NVIDIA Dynamo's released consumer, ai-dynamo 1.6.1): it passes validation and waits for
    the leader, for attention DP (with ``SGLANG_SIDECAR_OVERLAY_LEGACY_DP_SIZE=1`` where the
-   release reports ``dp_size=1``); with the switch off on 0.5.22+ ``sglang-sidecar-overlay
-   probe`` says why a released consumer rejects the follower (and says nothing before
-   0.5.22). SGLang refuses multi-node ordinary DP, so a TP-only two-node group checks that a
+   release reports ``dp_size=1``; with the switch off, ``sglang-sidecar-overlay probe`` says why
+   a released consumer rejects the follower: ``contract/test_attention_dp_group.py``). SGLang
+   refuses multi-node ordinary DP, so a TP-only two-node group checks that a
    follower without a publisher never gets a sidecar. ``scripts/sglang_envs.py`` installs
    ai-dynamo in every env (``scripts/dynamo_env.py``); a missing install fails the test.
 """
@@ -30,7 +30,6 @@ import importlib.util
 import json
 import os
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -43,16 +42,14 @@ from overlay_harness import cluster, differences, dynamo
 from overlay_harness.cluster import EngineGroup, HttpLeader
 from overlay_harness.dynamo import (
     DYNAMO,
-    LEGACY_ENV,
     TRANSPORT_ARGS,
-    UPSTREAM_LEGACY_ENV,
     WAITING_FOR_LEADER,
 )
 from overlay_harness.testcase import TinyModelTestCase
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang_sidecar_overlay import releases
 
-register_cpu_ci(est_time=142, suite="base-a-test-cpu")
+register_cpu_ci(est_time=110, suite="base-a-test-cpu")
 
 PROVIDER = "overlay_harness.providers.kv_probe"
 EVENT_DEADLINE = 120.0
@@ -252,32 +249,6 @@ class TestSidecarLaunch(TinyModelTestCase):
         _, info = self.run_follower_consumer(parallel, legacy=legacy)
         self.assertEqual(info["dp_size"], 2)
         self.assertEqual(info["kv_event_rank_space"]["size"], 2)
-
-    def test_follower_attention_dp_switch_off_probe_warns_only_where_needed(self):
-        """0.5.22+ reports attention DP as dp_size=1: the probe says why a consumer rejects it.
-
-        Before 0.5.22 dp_size counts the attention-DP groups, so no warning is due.
-        """
-        group = EngineGroup(self.model, 2, ["--tp", "2", "--dp", "2", "--enable-dp-attention"])
-        with (
-            mock.patch.dict(os.environ, {LEGACY_ENV: "0", UPSTREAM_LEGACY_ENV: "0"}),
-            cluster.nodes(group.for_node(0), group.for_node(1)) as (leader, follower),
-        ):
-            for node in (leader, follower):
-                node.expect_ready()
-            probe = subprocess.run(
-                follower.command([sys.executable, "-m", "sglang_sidecar_overlay", "probe",
-                                  f"{follower.address}:{follower.grpc_port}", "--timeout", "10"]),
-                capture_output=True, text=True, timeout=120,
-            )  # fmt: skip
-        output = probe.stdout + probe.stderr
-        if not ATTENTION_DP_REPORTS_DP_SIZE_1:
-            self.assertNotIn("top-level dp_size", output, output)
-            self.assertEqual(probe.returncode, 0, output)
-            return
-        self.assertIn("top-level dp_size 1", output, output)
-        warning = next(line for line in output.splitlines() if "dp_size 1" in line)
-        sys.stderr.write(f"[{RELEASE}] probe, switch off: {warning}\n")
 
     def test_follower_without_publisher_never_launches_the_sidecar(self):
         # Ordinary DP across nodes is refused by SGLang itself ("multi-node data parallel is

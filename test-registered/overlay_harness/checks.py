@@ -1,0 +1,78 @@
+"""Assertions on what nodes of an engine group serve, shared by the classes that launch them."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+
+import jsonschema
+from sglang_sidecar_overlay.contract import schema
+
+from overlay_harness import cluster, differences, probes
+from overlay_harness.cluster import EngineGroup
+
+
+class NodeInfoChecks:
+    """Mixed into a ``TinyModelTestCase`` (its ``assert*`` methods): checks of one node's
+    ``GetServerInfo`` and of the node-locality of what a group advertises."""
+
+    def assert_node_info(self, info: dict, group: EngineGroup, node_rank: int, ranks: list[int]):
+        jsonschema.validate(info, schema.load_schema())
+        self.assertEqual(info["node_rank"], node_rank)
+        self.assertEqual(info["nnodes"], group.nnodes)
+        sources = info["kv_event_sources"]
+        self.assertEqual([s["dp_rank"] for s in sources], ranks, sources)
+        for source in sources:
+            # Real rank selection: the publisher of rank r binds base + r, on loopback.
+            expected = f"tcp://127.0.0.1:{group.kv_base + source['dp_rank']}"
+            self.assertEqual(source["endpoint"], expected)
+            self.assertEqual(source["topic"], "kv")
+            self.assertGreater(source["block_size"], 0)
+        self.assertEqual(info["kv_event_rank_space"]["local_ranks"], ranks)
+
+    def assert_group_sources(self, started: list[cluster.Node], infos: list[dict]):
+        """Distinct ranks and endpoints across the group; each advertised loopback endpoint
+        delivers a live batch on its own node, and only there: a consumer on another node of
+        the group cannot reach it."""
+        sources = [s for info in infos for s in info["kv_event_sources"]]
+        self.assertEqual(len({s["dp_rank"] for s in sources}), len(sources))
+        self.assertEqual(len({s["endpoint"] for s in sources}), len(sources))
+        for owner, info in zip(started, infos, strict=True):
+            for source in info["kv_event_sources"]:
+                endpoint = source["endpoint"]
+                batches = owner.inside(probes.live_batches, endpoint, source["topic"], 1, 0, 90)
+                self.assertEqual(len(batches), 1, f"{endpoint} on {owner.name}")
+                for other in started:
+                    if other is not owner:
+                        refused = other.inside(probes.tcp_connect_error, endpoint)
+                        self.assertIsNotNone(refused, f"{other.name} reached {endpoint}")
+                        print(f"{endpoint} of {owner.name}: from {other.name} {refused}")
+
+    def assert_follower_lifecycle(self, node: cluster.Node):
+        """SERVING while the schedulers live; NOT_SERVING then closed once they are gone
+        (kills the node's schedulers)."""
+        if differences.differs(differences.FOLLOWER_HEALTH):
+            # Upstream's follower server answers GetServerInfo but serves no health service.
+            self.assertEqual(node.health_or_error(), "UNIMPLEMENTED")
+            kill_schedulers(node)
+            return
+        self.assertEqual(node.health(), cluster.SERVING)
+        watch = node.watch_health()
+        try:
+            # The watch is live before the kill: its first status cannot race the watcher.
+            self.assertEqual(watch.first_status(), cluster.SERVING)
+            kill_schedulers(node)
+            seen = watch.statuses_until(cluster.NOT_SERVING)
+        finally:
+            watch.close()
+        self.assertEqual(seen[0], cluster.SERVING)
+        self.assertEqual(seen[-1], cluster.NOT_SERVING)
+        cluster.wait_for(lambda: node.health() is None, 60, "the server to stop")
+
+
+def kill_schedulers(node: cluster.Node) -> None:
+    """SIGKILL the child processes the node reported ready with (its schedulers)."""
+    for pid in node.event["pids"]:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
