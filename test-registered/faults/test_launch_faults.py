@@ -66,8 +66,9 @@ class LaunchServerFollower(cluster.Node):
 
 
 def spawned_children(pid: int) -> list[int]:
-    """Live ``multiprocessing`` spawn children of ``pid`` (schedulers; not the resource
-    tracker)."""
+    """Live child processes of ``pid`` other than ``multiprocessing``'s resource tracker (on a
+    follower: its schedulers). Not by ``spawn_main`` in the command line: on 0.5.19 a
+    scheduler's process title replaces it."""
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -75,7 +76,7 @@ def spawned_children(pid: int) -> list[int]:
         with contextlib.suppress(OSError, IndexError):
             fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
             cmdline = (entry / "cmdline").read_bytes()
-            if int(fields[1]) == pid and fields[0] != "Z" and b"spawn_main" in cmdline:
+            if int(fields[1]) == pid and fields[0] != "Z" and b"resource_tracker" not in cmdline:
                 found.append(int(entry.name))
     return found
 
