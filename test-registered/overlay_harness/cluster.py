@@ -395,10 +395,6 @@ class Node:
     def watch_health(self) -> HealthWatch:
         return HealthWatch(self)
 
-    def http_get(self, path: str, port: int) -> list:
-        """``[status, body]`` of ``GET path`` on the node's HTTP ``port``."""
-        return self.inside(probes.http_get, port, self.address, path)
-
     def log_tail(self, lines: int = 60) -> str:
         with contextlib.suppress(OSError):
             text = self.log_path.read_text(errors="replace")

@@ -94,15 +94,6 @@ def http_text(port: int, host: str, path: str, tls: bool = False) -> list:
         return [exc.code, exc.read().decode(errors="replace")]
 
 
-def http_get(port: int, host: str, path: str) -> list:
-    """``[status, body]`` of ``GET path`` (the body parsed when it is JSON)."""
-    status, text = http_text(port, host, path)
-    try:
-        return [status, json.loads(text)]
-    except ValueError:
-        return [status, text]
-
-
 def tcp_connect_error(endpoint: str) -> str | None:
     """None when a TCP connection to ``tcp://host:port`` is accepted, else the error."""
     host, port = endpoint.removeprefix("tcp://").rsplit(":", 1)
