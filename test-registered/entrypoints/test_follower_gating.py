@@ -74,13 +74,7 @@ class TestFollowerGating(TinyModelTestCase):
             follower.proc.wait(timeout=STOP_DEADLINE)
             self.assertNotEqual(follower.proc.returncode, 0)
             self.assertIsNone(follower.health())
-            # The node reaped its schedulers before failing; multiprocessing's resource
-            # tracker may take a moment to notice its parent is gone.
-            cluster.wait_for(
-                lambda: cluster.pids_with_tag(follower.tag) == [],
-                60,
-                "no process of the failed node to be left",
-            )
+            follower.wait_gone()
 
     def test_no_metadata_server_without_native_grpc(self):
         group = EngineGroup(self.model, 2, ["--tp", "2"])

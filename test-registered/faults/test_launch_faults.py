@@ -18,7 +18,6 @@ Faults:
   SERVING), the one SGLang's follower branch joins last: SGLang would wait on the live one,
   and once both ended log them and return, so ``launch_server`` would exit 0; the overlay
   waits on both, reaps the other and fails the node naming the scheduler and the signal;
-- the follower's metadata port already taken: the launch fails naming the address;
 - the leader's scheduler SIGKILLed while serving (a ``--sidecar`` running): SGLang's
   ``SubprocessWatchdog`` names the crashed scheduler and SIGQUITs the server; the sidecar goes
   with it;
@@ -27,6 +26,9 @@ Faults:
 - a leader ``--sidecar`` that exits 3 every time under ``--sidecar-restart on-failure
   --sidecar-max-restarts 2``: the supervisor gives up and SIGQUITs the server, which exits
   non-zero naming the sidecar.
+
+The follower's metadata port already taken (the launch fails naming the address) is
+``entrypoints/test_follower_metadata.py``'s port-taken scenario, which prints its row too.
 """
 
 import contextlib
@@ -40,12 +42,13 @@ from pathlib import Path
 from unittest import mock
 
 from overlay_harness import cluster, standin
+from overlay_harness.checks import report_fault
 from overlay_harness.cluster import EngineGroup, HttpLeader
 from overlay_harness.testcase import TinyModelTestCase
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang_sidecar_overlay import releases
 
-register_cpu_ci(est_time=161, suite="base-a-test-cpu")
+register_cpu_ci(est_time=137, suite="base-a-test-cpu")
 
 RELEASE = releases.installed_sglang_version() or ""
 NO_CRASH_DIAGNOSTICS = {
@@ -81,10 +84,6 @@ def spawned_children(pid: int) -> list[int]:
     return found
 
 
-def report(fault: str, outcome: str, seconds: float) -> None:
-    sys.stderr.write(f"[{RELEASE}] fault table: {fault} | {outcome} | clean in {seconds:.2f} s\n")
-
-
 def alive(pid: int) -> bool:
     """A process that exists and is not a zombie."""
     try:
@@ -111,17 +110,6 @@ def listener_pid(port: int, candidates: list[int]) -> int | None:
                     if os.readlink(fd) in inodes:
                         return pid
     return None
-
-
-def wait_clean(node: cluster.Node) -> float:
-    """Seconds until no process of ``node`` is left (raises past the deadline)."""
-    start = time.monotonic()
-    cluster.wait_for(
-        lambda: cluster.pids_with_tag(node.tag) == [],
-        CLEAN_DEADLINE,
-        f"no process of {node.name} to be left",
-    )
-    return time.monotonic() - start
 
 
 class TestLaunchFaults(TinyModelTestCase):
@@ -155,8 +143,8 @@ class TestLaunchFaults(TinyModelTestCase):
             self.assertRegex(event["error"].lower(), r"schedul|dead|died|exit", event)
             follower.proc.wait(timeout=CLEAN_DEADLINE)
             self.assertNotEqual(follower.proc.returncode, 0)
-            wait_clean(follower)
-            report(
+            follower.wait_gone(CLEAN_DEADLINE)
+            report_fault(
                 "follower schedulers SIGKILLed before ready",
                 f"exit {follower.proc.returncode}: {event['error'][:120]}",
                 time.monotonic() - failed_at,
@@ -176,9 +164,9 @@ class TestLaunchFaults(TinyModelTestCase):
             )
             follower.proc.wait(timeout=CLEAN_DEADLINE)
             self.assertNotEqual(follower.proc.returncode, 0)
-            wait_clean(follower)
+            follower.wait_gone(CLEAN_DEADLINE)
             self.assertNotIn("is SERVING", follower.log_path.read_text(errors="replace"))
-            report(
+            report_fault(
                 "follower scheduler SIGKILLed between ready and the follower server's start",
                 f"exit {follower.proc.returncode}: {event['error'][:160]}",
                 time.monotonic() - failed_at,
@@ -205,30 +193,11 @@ class TestLaunchFaults(TinyModelTestCase):
             self.assertNotEqual(follower.proc.returncode, 0, follower.log_tail())
             self.assertEqual(event["event"], "error", event)
             self.assertIn(f"scheduler process {schedulers[-1]} (signal SIGKILL)", event["error"])
-            wait_clean(follower)
-            report(
+            follower.wait_gone(CLEAN_DEADLINE)
+            report_fault(
                 "one of two follower schedulers SIGKILLed while the follower serves",
                 f"exit {follower.proc.returncode}: {event['error'][:160]}",
                 time.monotonic() - killed_at,
-            )
-
-    def test_follower_metadata_port_taken(self):
-        group = EngineGroup(self.model, 2, ["--tp", "2"])
-        with (
-            cluster.holding_port(group, 1, group.grpc_ports[1]),
-            self.node(cluster.Node, group.for_node(1), "follower") as follower,
-        ):
-            event = follower.ready()
-            failed_at = time.monotonic()
-            self.assertEqual(event["event"], "error", follower.log_tail())
-            self.assertIn(f"{group.address(1)}:{group.grpc_ports[1]}", event["error"])
-            follower.proc.wait(timeout=CLEAN_DEADLINE)
-            self.assertNotEqual(follower.proc.returncode, 0)
-            wait_clean(follower)
-            report(
-                "follower metadata port already taken",
-                f"exit {follower.proc.returncode}: {event['error'][:120]}",
-                time.monotonic() - failed_at,
             )
 
     def test_follower_engine_killed_takes_its_sidecar_down(self):
@@ -258,9 +227,9 @@ class TestLaunchFaults(TinyModelTestCase):
             sidecar_gone = time.monotonic() - killed_at
             follower.proc.wait(timeout=CLEAN_DEADLINE)
             self.assertEqual(follower.proc.returncode, -signal.SIGKILL)
-            wait_clean(follower)
+            follower.wait_gone(CLEAN_DEADLINE)
             clean = time.monotonic() - killed_at
-            report(
+            report_fault(
                 "follower engine process SIGKILLed while serving",
                 f"exit {follower.proc.returncode} (SIGKILL); shim+provider gone in "
                 f"{sidecar_gone:.2f} s",
@@ -287,7 +256,7 @@ class TestLaunchFaults(TinyModelTestCase):
             killed_at = time.monotonic()
             leader.proc.wait(timeout=CLEAN_DEADLINE)
             self.assertNotEqual(leader.proc.returncode, 0)
-            wait_clean(leader)
+            leader.wait_gone(CLEAN_DEADLINE)
             clean = time.monotonic() - killed_at
             self.assertFalse(alive(provider))
             log = leader.log_path.read_text(errors="replace")
@@ -295,7 +264,7 @@ class TestLaunchFaults(TinyModelTestCase):
                 (line for line in log.splitlines() if f"pid={schedulers[0]}" in line), ""
             )
             self.assertIn("crashed", crashed, leader.log_tail())
-            report(
+            report_fault(
                 "leader scheduler SIGKILLed while serving (with a --sidecar)",
                 f"exit {leader.proc.returncode}: {crashed.strip()[-140:]}",
                 clean,
@@ -318,9 +287,9 @@ class TestLaunchFaults(TinyModelTestCase):
             self.assertIn("giving up", log)
             self.assertIn("triggering SIGQUIT", log)
             self.assertEqual(log.count("restarting in"), 2, leader.log_tail())
-            wait_clean(leader)
+            leader.wait_gone(CLEAN_DEADLINE)
             give_up = next(line for line in log.splitlines() if "giving up" in line)
-            report(
+            report_fault(
                 "leader sidecar crash loop (exit 3, on-failure, 2 restarts)",
                 f"exit {leader.proc.returncode}: {give_up.strip()[-160:]}",
                 time.monotonic() - exited,

@@ -5,8 +5,10 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import sys
 
 import jsonschema
+from sglang_sidecar_overlay import releases
 from sglang_sidecar_overlay.contract import schema
 
 from overlay_harness import cluster, differences, probes
@@ -69,6 +71,13 @@ class NodeInfoChecks:
         self.assertEqual(seen[0], cluster.SERVING)
         self.assertEqual(seen[-1], cluster.NOT_SERVING)
         cluster.wait_for(lambda: node.health() is None, 60, "the server to stop")
+
+
+def report_fault(fault: str, outcome: str, seconds: float) -> None:
+    """One row of ``docs/security.md``'s fault table: the fault, how the node ended, and the
+    time from the fault to a node with no process left."""
+    release = releases.installed_sglang_version() or ""
+    sys.stderr.write(f"[{release}] fault table: {fault} | {outcome} | clean in {seconds:.2f} s\n")
 
 
 def kill_schedulers(node: cluster.Node) -> None:

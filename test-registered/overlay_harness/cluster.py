@@ -430,6 +430,21 @@ class Node:
             raise AssertionError(f"{self.name} did not get ready: {event}\n{self.log_tail(200)}")
         return event
 
+    def wait_gone(self, timeout: float = 60.0) -> float:
+        """Seconds until no process of the node is left (its tag gone from every process);
+        raises past ``timeout``. A node's schedulers are reaped before it fails, but
+        multiprocessing's resource tracker may take a moment to notice its parent is gone."""
+        start = time.monotonic()
+        wait_for(
+            lambda: pids_with_tag(self.tag) == [], timeout, f"no process of {self.name} to be left"
+        )
+        return time.monotonic() - start
+
+    def request_stop(self) -> None:
+        """Ask for an orderly stop (close stdin) without waiting for it."""
+        with contextlib.suppress(OSError, ValueError):
+            self.proc.stdin.close()
+
     def stop(self, timeout: float = 30.0) -> int | None:
         """Close stdin (orderly stop), then kill the node's whole session.
 
@@ -437,8 +452,7 @@ class Node:
         the native gRPC server's ``shutdown()`` while one of its threads waits to run
         ``RuntimeHandle.get_server_info``; the kill after ``timeout`` bounds what that costs.
         """
-        with contextlib.suppress(OSError, ValueError):
-            self.proc.stdin.close()
+        self.request_stop()
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout=timeout)
         with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -466,6 +480,15 @@ class HttpLeader(Node):
         return self.proc.wait(timeout=timeout)
 
 
+def stop_all(nodes: list[Node], timeout: float = 30.0) -> None:
+    """Stop ``nodes`` together: each is asked to stop before any is waited on, so their
+    orderly stops overlap instead of adding up."""
+    for node in nodes:
+        node.request_stop()
+    for node in nodes:
+        node.stop(timeout)
+
+
 def start_nodes(start: Callable[[list[str], int], Node], arg_lists: list[list[str]]):
     """Start the nodes in the order given (each node is its own host, so any order works);
     if one fails to start, stop the ones already started. Returns them in that order."""
@@ -474,8 +497,7 @@ def start_nodes(start: Callable[[list[str], int], Node], arg_lists: list[list[st
         for index, args in enumerate(arg_lists):
             started.append(start(args, index))
     except BaseException:
-        for node in started:
-            node.stop()
+        stop_all(started)
         raise
     return started
 
@@ -528,5 +550,4 @@ def nodes(*arg_lists: list[str]) -> Iterator[list[Node]]:
                 sys.stderr.write(f"--- {node.name} log (tail) ---\n{node.log_tail(80)}\n")
             raise
         finally:
-            for node in started:
-                node.stop()
+            stop_all(started)

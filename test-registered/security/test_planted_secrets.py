@@ -240,8 +240,7 @@ class TestPlantedSecrets(CustomTestCase):
                     ),
                     arg_lists,
                 )
-                for node in started:
-                    stack.callback(node.stop, 10)
+                stack.callback(cluster.stop_all, started, 10)
                 try:
                     for node in started:
                         event = node.ready()

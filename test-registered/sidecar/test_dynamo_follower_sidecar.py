@@ -26,8 +26,8 @@ Scenarios, on every release:
 Covered elsewhere through real followers, not repeated here: the orderly stop (sidecar stopped
 before the metadata server) and the switch set only where needed
 (``test_sidecar_launch.py``, ``run_follower_consumer``); the TP-only follower, which owns no
-publisher and never gets the consumer (``test_sidecar_launch.py``,
-``test_follower_without_publisher_never_launches_the_sidecar``).
+publisher and never gets the consumer (``entrypoints/test_follower_metadata.py``,
+``test_follower_without_publisher_answers_empty_list_and_gets_no_sidecar``).
 
 Each node is its own host (``overlay_harness.netns``): the consumer runs in the follower's
 namespace, the only place the follower's loopback endpoints are reachable from.

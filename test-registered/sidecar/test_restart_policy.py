@@ -93,11 +93,7 @@ class TestRestartPolicy(TinyModelTestCase):
             self.assertEqual(log.count("restarting in"), 1, node.log_tail())
             self.assertIn("1 restarts within 300 s, giving up", log)
             self.assertIn("triggering SIGQUIT", log)
-            cluster.wait_for(
-                lambda: cluster.pids_with_tag(node.tag) == [],
-                60,
-                "the node's processes to exit",
-            )
+            node.wait_gone()
 
 
 if __name__ == "__main__":
