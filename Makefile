@@ -9,10 +9,13 @@ WHEEL_DIR := dist
 # Releases the SGLang-backed tier runs on: `ci` is releases.CI_RELEASES in the package;
 # `make test SGLANG_RELEASES=all` runs every supported one.
 SGLANG_RELEASES ?= ci
+# SGLang-backed test sessions run side by side: each is mostly one process importing SGLang at
+# a time, so two keep both cores of the 2-core CI machine busy.
+SGLANG_TEST_JOBS ?= 2
 
 .PHONY: venv build-dev wheel install lint rust-check python-lint test test-unit test-registered \
 	benchmark-smoke selftest benchmark hostile fresh-venv-check sdist-check patches-check \
-	patched-wheel test-patched clean
+	patched-wheel test-patched test-sglang clean
 
 venv: $(PY)
 $(PY):
@@ -66,10 +69,18 @@ test-unit:
 	$(PY) -m pytest tests
 
 test-registered:
-	$(PY) scripts/sglang_envs.py test --releases $(SGLANG_RELEASES) --wheel-dir $(WHEEL_DIR)
+	$(PY) scripts/sglang_envs.py test --releases $(SGLANG_RELEASES) --jobs $(SGLANG_TEST_JOBS) \
+		--wheel-dir $(WHEEL_DIR)
 
-test: rust-check install python-lint test-unit fresh-venv-check patches-check test-registered \
-	test-patched benchmark-smoke
+test: rust-check install python-lint test-unit fresh-venv-check patches-check test-sglang \
+	benchmark-smoke
+
+# What `make test` runs of test-registered and test-patched: the series' own tests, then the
+# releases' sessions and the rebuilt wheel's in one pool, SGLANG_TEST_JOBS side by side.
+test-sglang:
+	$(PYTHON) scripts/patches.py series-tests
+	$(PY) scripts/sglang_envs.py test --releases $(SGLANG_RELEASES) --with-patched \
+		--jobs $(SGLANG_TEST_JOBS) --wheel-dir $(WHEEL_DIR)
 
 # Every benchmark row once with tiny durations, nothing written: keeps `make benchmark` from
 # rotting (runs after test-registered, whose cached SGLang envs rows 4 and 5 use).

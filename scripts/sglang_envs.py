@@ -20,18 +20,25 @@ never test stale code.
     scripts/sglang_envs.py build --releases 0.5.21,0.5.23
     scripts/sglang_envs.py test  --releases all --wheel-dir dist [-- extra pytest args]
     scripts/sglang_envs.py test  --patched --releases 0.5.23 --wheel-dir dist [-- ...]
+    scripts/sglang_envs.py test  --releases ci --with-patched --jobs 2 --wheel-dir dist
     scripts/sglang_envs.py path  0.5.23
 
 ``--patched`` runs the same files in ``envs/sglang-0.5.23-patched-<key>/``, which holds the
 rebuilt wheel of ``scripts/patches.py`` instead of PyPI's (reinstalled when it changes), with
 the nodes' ``SGLANG_PLUGINS`` excluding the overlay; it first prints the proof that the plugin
-is not loaded there.
+is not loaded there. ``--with-patched`` adds that session to the releases' ones.
+
+``--jobs N`` runs up to N sessions (one pytest run per env) side by side: a session spends
+most of its time in one process importing SGLang, so on two cores two sessions take little
+longer than one. Each session's output goes to a file, printed whole when it ends; the
+sessions pick test ports from disjoint shares of the port range.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import fcntl
 import hashlib
 import json
@@ -39,6 +46,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -424,29 +432,110 @@ def names_paths(pytest_args: Sequence[str]) -> bool:
     return any(not arg.startswith("-") for arg in pytest_args)
 
 
-def run_tests(
-    env: Path, release: str, pytest_args: Sequence[str], extra_env: dict[str, str] | None = None
-) -> int:
-    # Paths given after "--" replace the default of the whole tree.
-    targets = [] if names_paths(pytest_args) else [ROOT / "test-registered"]
-    cmd = [
-        env / "bin" / "python",
-        "-m",
-        "pytest",
-        "-c",
-        ROOT / "test-registered" / "pytest.ini",
-        "--rootdir",
-        ROOT / "test-registered",
-        *targets,
-        *pytest_args,
-    ]
-    log(f"{release}: running test-registered")
-    environ = dict(os.environ)
-    environ.pop("VIRTUAL_ENV", None)
-    # The project is tested as installed: the source tree must not shadow the wheel.
-    environ.pop("PYTHONPATH", None)
-    environ.update(extra_env or {})
-    return subprocess.run([str(part) for part in cmd], env=environ, cwd=ROOT).returncode
+@dataclasses.dataclass
+class Session:
+    """One pytest run of ``test-registered/`` in one env."""
+
+    label: str
+    env: Path
+    pytest_args: Sequence[str]
+    extra_env: dict[str, str] = dataclasses.field(default_factory=dict)
+
+    def command(self) -> list[str]:
+        # Paths given after "--" replace the default of the whole tree.
+        targets = [] if names_paths(self.pytest_args) else [ROOT / "test-registered"]
+        cmd = [
+            self.env / "bin" / "python",
+            "-m",
+            "pytest",
+            "-c",
+            ROOT / "test-registered" / "pytest.ini",
+            "--rootdir",
+            ROOT / "test-registered",
+            *targets,
+            *self.pytest_args,
+        ]
+        return [str(part) for part in cmd]
+
+    def environ(self, port_share: str | None) -> dict[str, str]:
+        environ = dict(os.environ)
+        environ.pop("VIRTUAL_ENV", None)
+        # The project is tested as installed: the source tree must not shadow the wheel.
+        environ.pop("PYTHONPATH", None)
+        environ.update(self.extra_env)
+        if port_share is not None:
+            environ[PORT_SHARE_ENV] = port_share
+        return environ
+
+
+# Sessions run side by side pick test ports from disjoint shares of the port range
+# (test-registered/overlay_harness/cluster.py reads it): "<index>/<count>".
+PORT_SHARE_ENV = "SGLANG_OVERLAY_TEST_PORT_SHARE"
+HEARTBEAT_SECONDS = 120.0
+
+
+def run_sessions(sessions: list[Session], jobs: int) -> list[str]:
+    """Run every session, up to ``jobs`` at once; returns the labels of those that failed.
+
+    One at a time, pytest writes straight to this terminal. Side by side, each session writes
+    to its own file, printed whole when it ends, so every session's output stays in one piece
+    and ends with its pytest summary line.
+    """
+    if jobs <= 1 or len(sessions) == 1:
+        failed = []
+        for session in sessions:
+            log(f"{session.label}: running test-registered")
+            code = subprocess.run(
+                session.command(), env=session.environ(None), cwd=ROOT, check=False
+            ).returncode
+            if code != 0:
+                failed.append(session.label)
+        return failed
+    with tempfile.TemporaryDirectory(prefix="sglang-envs-") as logs:
+        return _run_side_by_side(sessions, jobs, Path(logs))
+
+
+def _run_side_by_side(sessions: list[Session], jobs: int, logs: Path) -> list[str]:
+    waiting = list(enumerate(sessions))
+    running: dict[int, tuple[subprocess.Popen, Path, float]] = {}
+    failed: list[str] = []
+    heartbeat = time.monotonic() + HEARTBEAT_SECONDS
+    try:
+        while waiting or running:
+            while waiting and len(running) < jobs:
+                index, session = waiting.pop(0)
+                out = logs / f"{index}.log"
+                with open(out, "wb") as sink:
+                    proc = subprocess.Popen(
+                        session.command(),
+                        env=session.environ(f"{index}/{len(sessions)}"),
+                        cwd=ROOT,
+                        stdout=sink,
+                        stderr=subprocess.STDOUT,
+                    )
+                running[index] = (proc, out, time.monotonic())
+                log(f"{session.label}: running test-registered (output when it ends)")
+            for index, (proc, out, started) in list(running.items()):
+                if proc.poll() is None:
+                    continue
+                del running[index]
+                label, seconds = sessions[index].label, time.monotonic() - started
+                log(f"---- {label}: exit {proc.returncode} after {seconds:.0f} s")
+                sys.stdout.flush()
+                sys.stdout.buffer.write(out.read_bytes())
+                sys.stdout.flush()
+                if proc.returncode != 0:
+                    failed.append(label)
+            if running and time.monotonic() > heartbeat:
+                names = ", ".join(sessions[index].label for index in running)
+                log(f"still running: {names}")
+                heartbeat = time.monotonic() + HEARTBEAT_SECONDS
+            time.sleep(1.0)
+    finally:
+        for proc, _, _ in running.values():
+            proc.kill()
+            proc.wait()
+    return failed
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -467,6 +556,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                 help="run in the env of the rebuilt wheel from patches/ (scripts/patches.py), "
                 "with the overlay plugin not loaded",
             )
+            sub.add_argument(
+                "--with-patched",
+                action="store_true",
+                help="also run the --patched session, alongside the releases' ones",
+            )
+            sub.add_argument(
+                "--jobs",
+                type=int,
+                default=1,
+                help="sessions run side by side (default 1: one after another, live output)",
+            )
             sub.add_argument("pytest_args", nargs="*", help="after --: passed to pytest")
     path = commands.add_parser("path")
     path.add_argument("release", choices=list(PINS))
@@ -479,7 +579,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     releases = parse_releases(args.releases)
     wheel = find_wheel(args.wheel_dir) if args.command == "test" else None
     if args.command == "test" and args.patched:
-        return test_patched(releases, wheel, args.pytest_args)
+        sessions = [patched_session(releases, wheel, args.pytest_args)]
+        return report(run_sessions(sessions, 1), sessions)
     timings = {}
     for release in releases:
         started = time.monotonic()
@@ -490,25 +591,35 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "build":
         return 0
 
-    failed = []
+    sessions = []
     for release in releases:
         env = env_path(release)
         install_project(env, wheel)
         install_consumer(env)
-        if run_tests(env, release, args.pytest_args) != 0:
-            failed.append(release)
+        sessions.append(Session(release, env, args.pytest_args))
+    if args.with_patched:
+        sessions.append(patched_session([patches_module().RELEASE], wheel, args.pytest_args))
+    return report(run_sessions(sessions, args.jobs), sessions)
+
+
+def report(failed: list[str], sessions: list[Session]) -> int:
     if failed:
         log(f"test-registered failed on {', '.join(failed)}")
         return 1
-    log(f"test-registered passed on {', '.join(releases)}")
+    log(f"test-registered passed on {', '.join(session.label for session in sessions)}")
     return 0
 
 
-def test_patched(releases: list[str], wheel: Path, pytest_args: Sequence[str]) -> int:
-    """The same test-registered files against the rebuilt wheel, the plugin not loaded."""
+def patches_module():
     sys.path.insert(0, str(ROOT / "scripts"))
     import patches
 
+    return patches
+
+
+def patched_session(releases: list[str], wheel: Path, pytest_args: Sequence[str]) -> Session:
+    """The same test-registered files against the rebuilt wheel, the plugin not loaded."""
+    patches = patches_module()
     if releases != [patches.RELEASE]:
         raise SystemExit(f"--patched runs on {patches.RELEASE} only (the series' base)")
     _, env = patches.patched_env(patches.RELEASE)
@@ -518,9 +629,7 @@ def test_patched(releases: list[str], wheel: Path, pytest_args: Sequence[str]) -
     if not names_paths(pytest_args):
         pytest_args = [*pytest_args, *(str(ROOT / path) for path in EQUIVALENCE_FILES)]
     sides = {PLUGINS_ENV: NO_PLUGIN, SIDE_ENV: REBUILT_WHEEL}
-    code = run_tests(env, f"{patches.RELEASE} (patched)", pytest_args, sides)
-    log(f"test-registered {'passed' if code == 0 else 'failed'} on the rebuilt wheel")
-    return code
+    return Session(f"{patches.RELEASE} (rebuilt wheel)", env, pytest_args, sides)
 
 
 if __name__ == "__main__":

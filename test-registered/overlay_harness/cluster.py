@@ -59,18 +59,37 @@ def write_tiny_model(directory: Path) -> Path:
     return directory
 
 
+# Set by ``scripts/sglang_envs.py test --jobs N`` for sessions run side by side: "<index>/<count>".
+PORT_SHARE_ENV = "SGLANG_OVERLAY_TEST_PORT_SHARE"
+
+
 def _ports_below_ephemeral() -> range:
-    """Ports the kernel never hands out to outgoing connections.
+    """Ports the kernel never hands out to outgoing connections, this session's share of them.
 
     A port picked from the ephemeral range can be taken by any client socket (a gRPC probe,
     a ZMQ connect) between the check here and the node's bind; below it, only another
-    explicit bind can.
+    explicit bind can. Test sessions run side by side take disjoint shares, so two of them
+    never hand out the same port.
     """
+    ports = range(10000, 30000)
     with contextlib.suppress(OSError, ValueError):
         low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
         if low > 12000:
-            return range(10000, low)
-    return range(10000, 30000)
+            ports = range(10000, low)
+    return _session_share(ports, os.environ.get(PORT_SHARE_ENV))
+
+
+def _session_share(ports: range, share: str | None) -> range:
+    if not share:
+        return ports
+    try:
+        index, count = (int(part) for part in share.split("/"))
+        if not 0 <= index < count:
+            raise ValueError
+    except ValueError:
+        raise ValueError(f"{PORT_SHARE_ENV}={share!r}: expected <index>/<count>") from None
+    width = len(ports) // count
+    return range(ports.start + index * width, ports.start + (index + 1) * width)
 
 
 # Its own generator: SGLang seeds the global one. Ports handed out stay taken for this process,

@@ -8,22 +8,29 @@ node: every consumer and probe of such a node runs inside it (``Host.command``, 
 ``ip netns exec``).
 
 Names carry a prefix and the creating process id, so a later run removes what an aborted run
-left behind (its process is gone) and parallel runs never touch each other's. Creating
+left behind (its process is gone) and parallel runs never touch each other's: the sweep and
+the creation of a network hold one lock (``LOCK_PATH``), so a sweep never sees a bridge whose
+namespaces do not exist yet. Creating
 namespaces needs root (CAP_NET_ADMIN); when that fails the caller gets an ``AssertionError``
 with the reason: the tier fails, it does not skip.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import subprocess
+import tempfile
 import uuid
+from collections.abc import Iterator
 
 PREFIX = "ovh"  # namespaces ovh-<pid>-<run>-<index>; bridge ovb<run>; veths ovv<run><index>
 BRIDGE_PREFIX, VETH_PREFIX = "ovb", "ovv"
 SUBNET = "192.0.2"
 PREFIX_LEN = 24
 FIRST_HOST = 10  # node i is 192.0.2.(10 + i)
+LOCK_PATH = os.path.join(tempfile.gettempdir(), "sglang-overlay-harness-netns.lock")
 
 
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -49,6 +56,14 @@ def _pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+@contextlib.contextmanager
+def _sweep_lock() -> Iterator[None]:
+    """Held while sweeping stale names and while creating a network, by every test process."""
+    with open(LOCK_PATH, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 def remove_stale() -> list[str]:
@@ -119,7 +134,11 @@ class Network:
         return f"{VETH_PREFIX}{self.run}{index}"
 
     def _open(self) -> None:
-        remove_stale()
+        with _sweep_lock():
+            remove_stale()
+            self._create()
+
+    def _create(self) -> None:
         try:
             _ip("link", "add", self.bridge, "type", "bridge")
             self._bridge_created = True
