@@ -29,7 +29,7 @@ from overlay_harness.dynamo import DYNAMO
 from overlay_harness.testcase import TinyModelTestCase
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=91, suite="base-a-test-cpu")
+register_cpu_ci(est_time=99, suite="base-a-test-cpu")
 
 
 class TestFollowerMetadata(TinyModelTestCase, NodeInfoChecks):

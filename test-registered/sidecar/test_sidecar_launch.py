@@ -49,7 +49,7 @@ from overlay_harness.testcase import TinyModelTestCase
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang_sidecar_overlay import releases
 
-register_cpu_ci(est_time=84, suite="base-a-test-cpu")
+register_cpu_ci(est_time=85, suite="base-a-test-cpu")
 
 PROVIDER = "overlay_harness.providers.kv_probe"
 EVENT_DEADLINE = 120.0
