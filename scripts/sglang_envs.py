@@ -371,6 +371,28 @@ def install_project(env: Path, wheel: Path) -> None:
     reinstall_wheel(env, wheel)
 
 
+# The test-only SGLang platform that runs SGLang's real scheduler on the CPU
+# (test-registered/cpu_platform): never part of the project's wheel.
+TEST_PLATFORM = ROOT / "test-registered" / "cpu_platform"
+
+
+def install_test_platform(env: Path) -> None:
+    """(Re)install the CPU test platform into ``env``, so a session never tests a stale one."""
+    run(
+        [uv_binary(), "pip", "install", "-q", "--python", env / "bin" / "python", "--no-deps",
+         "--reinstall", TEST_PLATFORM],
+        env=uv_env(),
+    )  # fmt: skip
+
+
+def prepare_session_env(env: Path, wheel: Path) -> None:
+    """What every session's env gets fresh: the project's wheel, the test platform, and the
+    released consumer (idempotent)."""
+    install_project(env, wheel)
+    install_test_platform(env)
+    install_consumer(env)
+
+
 def install_consumer(env: Path) -> None:
     """The released Dynamo sidecar, the real client of the contract; idempotent (~0.4 s)."""
     sys.path.insert(0, str(ROOT / "scripts"))
@@ -594,8 +616,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     sessions = []
     for release in releases:
         env = env_path(release)
-        install_project(env, wheel)
-        install_consumer(env)
+        prepare_session_env(env, wheel)
         sessions.append(Session(release, env, args.pytest_args))
     if args.with_patched:
         sessions.append(patched_session([patches_module().RELEASE], wheel, args.pytest_args))
@@ -623,8 +644,7 @@ def patched_session(releases: list[str], wheel: Path, pytest_args: Sequence[str]
     if releases != [patches.RELEASE]:
         raise SystemExit(f"--patched runs on {patches.RELEASE} only (the series' base)")
     _, env = patches.patched_env(patches.RELEASE)
-    install_project(env, wheel)
-    install_consumer(env)
+    prepare_session_env(env, wheel)
     prove_plugin_absent(env)
     if not names_paths(pytest_args):
         pytest_args = [*pytest_args, *(str(ROOT / path) for path in EQUIVALENCE_FILES)]
