@@ -133,6 +133,9 @@ IMPORT_TIME_DEPS = (
 )
 # Imported by SGLang but not declared by it (arrive transitively in a full install).
 UNDECLARED_DEPS = ("dill", "jsonschema", "pyyaml", "huggingface-hub")
+# Declared by SGLang and used at run time, not import time: 0.5.19-0.5.20 JIT-build their radix
+# cache's native block hash with ninja on the first request that inserts a page.
+RUNTIME_TOOLS = ("ninja",)
 # What the tests themselves need next to SGLang and the project's wheel.
 TEST_DEPS = (
     "pytest>=8",
@@ -220,6 +223,7 @@ def env_key(release: str, python: str, patched: bool = False) -> str:
         "transformers": transformers,
         "deps": IMPORT_TIME_DEPS,
         "undeclared": UNDECLARED_DEPS,
+        "runtime": RUNTIME_TOOLS,
         "test": TEST_DEPS,
     }
     if patched:
@@ -327,6 +331,7 @@ def build_env(release: str, sglang_wheel: Path | None = None) -> Path:
                 constraints,
                 *requirements,
                 *UNDECLARED_DEPS,
+                *RUNTIME_TOOLS,
                 *TEST_DEPS,
             ],
             env=uvenv,
@@ -485,6 +490,10 @@ class Session:
         # The project is tested as installed: the source tree must not shadow the wheel.
         environ.pop("PYTHONPATH", None)
         environ.update(self.extra_env)
+        # As an activated env: its tools (ninja) on PATH; JIT-built extensions kept per env,
+        # since every release's torch would otherwise share one build directory.
+        environ["PATH"] = f"{self.env / 'bin'}{os.pathsep}{environ.get('PATH', '')}"
+        environ["TORCH_EXTENSIONS_DIR"] = str(self.env / "torch-extensions")
         if port_share is not None:
             environ[PORT_SHARE_ENV] = port_share
         return environ
