@@ -67,6 +67,19 @@ def test_legacy_switch_defaults_off_and_reads_the_process_environment(monkeypatc
     assert legacy_dp_size_enabled() is False
 
 
+def test_legacy_switch_defaults_on_only_for_a_sidecar_that_checks_dp_size():
+    assert legacy_dp_size_enabled({}, sidecar="dynamo.sglang.sidecar") is True
+    assert legacy_dp_size_enabled({}, sidecar="dynamo.sglang") is False
+    assert legacy_dp_size_enabled({}, sidecar="my_org.sidecar") is False
+    assert legacy_dp_size_enabled({}, sidecar=None) is False
+
+
+@pytest.mark.parametrize("value", ["0", "off", ""])
+def test_legacy_switch_set_off_wins_over_the_sidecar_default(value):
+    env = {LEGACY_DP_SIZE_ENV: value}
+    assert legacy_dp_size_enabled(env, sidecar="dynamo.sglang.sidecar") is False
+
+
 @pytest.mark.parametrize("value", ["2", "enable", "y e s"])
 def test_legacy_switch_bad_value_is_named(value):
     with pytest.raises(ValueError, match=f"{LEGACY_DP_SIZE_ENV}='{value}'"):
