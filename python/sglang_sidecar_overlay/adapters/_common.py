@@ -9,8 +9,10 @@ follower metadata server). SGLang's runtime state is read through ``_sglang``.
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
+import threading
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -19,6 +21,7 @@ from sglang_sidecar_overlay.contract.endpoints import is_bind_endpoint
 from sglang_sidecar_overlay.contract.incarnation import begin_launch, launch_incarnation
 from sglang_sidecar_overlay.contract.redaction import redact
 from sglang_sidecar_overlay.contract.server_info import (
+    LEGACY_DP_SIZE_ENV,
     build_server_info,
     legacy_dp_size_enabled,
     render_server_info,
@@ -99,15 +102,36 @@ def collected_sources(infos: Iterable[Mapping], extra: Iterable[Mapping] = ()) -
     return collected
 
 
+_legacy_default_logged = False
+
+
+def legacy_dp_size(server_args: Mapping[str, Any]) -> bool:
+    """The ``dp_size`` switch for this node: as set, or on by default for a ``--sidecar``
+    that checks ranks against ``dp_size`` (logged once per process)."""
+    global _legacy_default_logged
+    sidecar = server_args.get("sidecar")
+    enabled = legacy_dp_size_enabled(sidecar=sidecar)
+    if enabled and LEGACY_DP_SIZE_ENV not in os.environ and not _legacy_default_logged:
+        _legacy_default_logged = True
+        logger.info(
+            "%s not set: on for --sidecar %s, which checks every source's dp_rank against "
+            "dp_size (set it to 0 to report dp_size unchanged)",
+            LEGACY_DP_SIZE_ENV,
+            sidecar,
+        )
+    return enabled
+
+
 def node_server_info(server_args: Any, scheduler_info: Mapping[str, Any]) -> dict:
     """The core's server-info object for this node, from SGLang's live objects."""
+    args = _sglang.server_args_dict(server_args)
     return build_server_info(
-        _sglang.server_args_dict(server_args),
+        args,
         scheduler_info,
         incarnation=launch_incarnation(),
         launch_command=getattr(server_args, "launch_command", None),
         kv_events=_sglang.kv_events_descriptor(server_args),
-        legacy_dp_size=legacy_dp_size_enabled(),
+        legacy_dp_size=legacy_dp_size(args),
     )
 
 
@@ -120,7 +144,7 @@ def rebuild_server_info(upstream: Mapping[str, Any]) -> dict:
         launch_command=upstream.get("launch_command"),
         kv_events=upstream.get("kv_events"),
         kv_event_sources=upstream.get("kv_event_sources") or [],
-        legacy_dp_size=legacy_dp_size_enabled(),
+        legacy_dp_size=legacy_dp_size(upstream),
     )
 
 
@@ -191,7 +215,39 @@ def start_node_follower(
         from sglang_sidecar_overlay.adapters import _sidecar
 
         _sidecar.attach_follower_sidecar(server, info.get("kv_event_sources") or [])
+    stop_server_before_sigquit(server)
     return server
+
+
+def stop_server_before_sigquit(server: FollowerMetadataServer) -> None:
+    """Chain the follower's SIGQUIT handler so SGLang's crash path stops ``server`` first.
+
+    A failing scheduler (or sidecar) sends the engine process SIGQUIT, and SGLang's handler
+    SIGKILLs the node's whole process tree at once: health would never turn NOT_SERVING and the
+    sidecar would never get its SIGTERM, so a consumer such as Dynamo's stays registered for
+    ranks that are gone. Chained once the server is SERVING: NOT_SERVING and the sidecar's
+    bounded stop (``server.stop()``), then the handler it replaced. Signal handlers can only be
+    set from the main thread; elsewhere SGLang's handler is left as it is.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return
+    previous = signal.getsignal(signal.SIGQUIT)
+
+    def stop_then_quit(signum: int, frame: Any) -> None:
+        logger.error(
+            "SIGQUIT on follower node %s: stopping the follower metadata server at %s (its "
+            "sidecar first) before SGLang takes the node down",
+            _sglang.node_rank(),
+            server.address,
+        )
+        server.stop()
+        signal.signal(signal.SIGQUIT, previous)
+        if callable(previous):
+            previous(signum, frame)
+        else:  # the default action (or ignore), as if this handler had never been there
+            os.kill(os.getpid(), signal.SIGQUIT)
+
+    signal.signal(signal.SIGQUIT, stop_then_quit)
 
 
 def exit_description(exitcode: int) -> str:
