@@ -199,7 +199,7 @@ def test_leader_server_info(validator):
             "replay_endpoint": "tcp://127.0.0.1:5600",
         }
     ]
-    assert info["contract_version"] == CONTRACT_VERSION == 2
+    assert info["contract_version"] == CONTRACT_VERSION == 3
     assert info["incarnation"] == {"id": "0123456789abcdef" * 2, "started_at": 1_700_000_000.25}
     assert info["kv_events"] == KV_EVENTS
     assert info["kv_event_rank_space"] == {

@@ -75,8 +75,43 @@ def publisher_sources(kv_publisher: Any, block_size: int) -> list[dict]:
         topic_bytes.decode("utf-8"),
         block_size,
         getattr(publisher, REPLAY_ENDPOINT_ATTR, None),
+        bounds=publisher_bounds(publisher),
     )
     return [source] if source is not None else []
+
+
+def publisher_bounds(publisher: Any) -> dict[str, int]:
+    """The bounds a live ``ZmqEventPublisher`` enforces, read from the objects enforcing them.
+
+    Its replay buffer (a ``deque``'s ``maxlen``), its PUB high-water mark and its publish
+    queue (a ``Queue``'s ``maxsize``); ZMQ and ``Queue`` read 0 and below as no bound, which
+    is reported as 0. What the publisher does not have is left out.
+    """
+    bounds: dict[str, int] = {}
+    maxlen = getattr(getattr(publisher, "_buffer", None), "maxlen", None)
+    if _is_count(maxlen):
+        bounds["replay_buffer_steps"] = max(maxlen, 0)
+    hwm = getattr(publisher, "_hwm", None)
+    if _is_count(hwm):
+        bounds["hwm"] = max(hwm, 0)
+    maxsize = getattr(getattr(publisher, "_event_queue", None), "maxsize", None)
+    if _is_count(maxsize):
+        bounds["max_queue_size"] = max(maxsize, 0)
+    return bounds
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def with_publisher_bounds(sources: Iterable[Mapping], bounds: Mapping[str, int]) -> list[dict]:
+    """``sources`` with the node's publisher bounds added where a source did not report them.
+
+    0.5.22+ schedulers describe their sources without the bounds; every publisher of a
+    node is built from the one ``--kv-events-config``, so its effective values are the
+    config's (``_sglang.kv_publisher_bounds``).
+    """
+    return [{**bounds, **source} for source in sources]
 
 
 def scheduler_block_size(scheduler: Any) -> int:
@@ -131,6 +166,9 @@ def node_server_info(server_args: Any, scheduler_info: Mapping[str, Any]) -> dic
         incarnation=launch_incarnation(),
         launch_command=getattr(server_args, "launch_command", None),
         kv_events=_sglang.kv_events_descriptor(server_args),
+        kv_event_sources=with_publisher_bounds(
+            scheduler_info.get("kv_event_sources") or [], _sglang.kv_publisher_bounds(server_args)
+        ),
         legacy_dp_size=legacy_dp_size(args),
     )
 
