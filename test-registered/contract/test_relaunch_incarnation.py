@@ -6,6 +6,12 @@ node its own host, launched twice. A consumer keys its view of a node by ``incar
 a new id says the publishers restarted (sequence numbers from 0, replay buffers empty), not
 that messages were lost; within a launch it never changes.
 
+On 0.5.23 the leader also serves upstream's ``WatchEngineState``, whose snapshots carry an
+``instance_id`` (a Unix time in ns taken when the native gRPC server starts) and embed the
+server info: in every snapshot the two identities are paired (the embedded ``incarnation`` is
+``GetServerInfo``'s), the instance id stays the same across a revision change (pause, then
+continue generation) and is new, with a new incarnation, after the relaunch.
+
 The first launch also shows the follower that owns no publisher: it answers ``[]`` (valid:
 "this node owns no publisher"), and NVIDIA Dynamo's released sidecar, asked for with
 ``--sidecar dynamo.sglang.sidecar --sidecar-on-followers``, never starts there. The second
@@ -18,11 +24,12 @@ import time
 import unittest
 
 import jsonschema
-from overlay_harness import dynamo, nodes
+from overlay_harness import dynamo, nodes, probes
 from overlay_harness.checks import NodeInfoChecks
 from overlay_harness.group import EngineGroup
 from overlay_harness.testcase import NodesTestCase
 from sglang.test.ci.ci_register import register_cpu_ci
+from sglang_sidecar_overlay import releases
 from sglang_sidecar_overlay.contract import schema
 from sglang_sidecar_overlay.contract.incarnation import CONTRACT_VERSION
 
@@ -30,11 +37,15 @@ register_cpu_ci(est_time=150, suite="base-a-test-cpu")
 
 TP2 = ["--tp", "2"]
 CONSUMER_ARGS = ["--sidecar-on-followers", "--grpc-endpoint", "unused"]
+# Upstream's WatchEngineState snapshot layout, checked where it exists (0.5.23).
+WATCH_ENGINE_STATE = (releases.installed_sglang_version() or "").startswith("0.5.23")
+REVISION_DEADLINE = 30.0
 
 
 class TestRelaunchIncarnation(NodesTestCase, NodeInfoChecks):
     def launch_group(self, group: EngineGroup, last: bool) -> tuple[list[dict], float, float]:
-        """Launch both nodes, check them, read their infos; (infos, launch began, ready at)."""
+        """Launch both nodes, check them, read their infos; (infos, launch began, ready at).
+        On 0.5.23 the leader's ``WatchEngineState`` instance id goes to ``self.instances``."""
         launches = [
             group.launch(0),
             group.launch(1, sidecar=dynamo.DYNAMO, sidecar_args=CONSUMER_ARGS),
@@ -49,6 +60,10 @@ class TestRelaunchIncarnation(NodesTestCase, NodeInfoChecks):
                 self.assert_node_info(info, group, rank, [[0], []][rank])
                 # Asked again during the same launch: the same incarnation.
                 self.assertEqual(started[rank].server_info()["incarnation"], info["incarnation"])
+            if WATCH_ENGINE_STATE:
+                self.instances.append(self.paired_snapshot(started[0], infos[0]))
+                if not last:
+                    self.assert_instance_id_survives_a_revision(started[0], infos[0])
             if not last:
                 self.assert_group_sources(started, infos)
                 log = started[1].log_text()
@@ -58,8 +73,36 @@ class TestRelaunchIncarnation(NodesTestCase, NodeInfoChecks):
                 self.assert_follower_lifecycle(started[1])
         return infos, began, ready_at
 
+    def paired_snapshot(self, leader: nodes.Node, info: dict) -> int:
+        """The leader's current ``WatchEngineState`` snapshot embeds this launch's incarnation;
+        its instance id, a Unix time in ns after the launch began."""
+        snapshot = leader.inside(probes.engine_state, leader.grpc_port, leader.address)
+        self.assertEqual(snapshot["server_info"]["incarnation"], info["incarnation"])
+        instance = snapshot["instance_id"]
+        self.assertLess(info["incarnation"]["started_at"], instance / 1e9)
+        self.assertLess(instance / 1e9, time.time())
+        return instance
+
+    def assert_instance_id_survives_a_revision(self, leader: nodes.Node, info: dict) -> None:
+        before = leader.inside(probes.engine_state, leader.grpc_port, leader.address)
+        for path in ("/pause_generation", "/continue_generation"):
+            self.assertEqual(leader.inside(probes.http_post, leader.http_port, leader.address,
+                                           path), 200)  # fmt: skip
+        after = nodes.wait_for(
+            lambda: (s := leader.inside(probes.engine_state, leader.grpc_port, leader.address))[
+                "revision"
+            ]
+            > before["revision"]
+            and s,
+            REVISION_DEADLINE,
+            "pause and continue to change the revision",
+        )
+        self.assertEqual(after["instance_id"], before["instance_id"])
+        self.assertEqual(after["server_info"]["incarnation"], info["incarnation"])
+
     def test_relaunched_nodes_have_new_incarnations_and_the_same_rank_space(self):
         group = EngineGroup(2, TP2)
+        self.instances: list[int] = []
         first, began_1, ready_1 = self.launch_group(group, last=False)
         second, began_2, ready_2 = self.launch_group(group, last=True)
         validator = jsonschema.Draft202012Validator(schema.load_schema())
@@ -81,6 +124,8 @@ class TestRelaunchIncarnation(NodesTestCase, NodeInfoChecks):
             )
             self.assertEqual(before["kv_event_rank_space"], after["kv_event_rank_space"])
         self.assertNotEqual(first[0]["incarnation"]["id"], first[1]["incarnation"]["id"])
+        if WATCH_ENGINE_STATE:
+            self.assertGreater(self.instances[1], self.instances[0])
         self.assertEqual(first[0]["kv_event_rank_space"]["local_ranks"], [0])
         self.assertEqual(first[1]["kv_event_rank_space"]["local_ranks"], [])
 

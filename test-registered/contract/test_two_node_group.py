@@ -128,7 +128,7 @@ class TestTwoNodeGroup(NodesTestCase, NodeInfoChecks):
                 node.expect_ready()
             cls.nodes = [cls.leader, cls.follower]
             cls.infos = [node.server_info() for node in cls.nodes]
-            cls.router = dynamo.Router(cls.leader, PAGE_SIZE, cls.workdir / "router.log")
+            cls.router = dynamo.Router(cls.leader.host, PAGE_SIZE, cls.workdir / "router.log")
             cls._stack.callback(cls.router.stop)
         except BaseException:
             cls._stack.close()

@@ -18,8 +18,8 @@ import sys
 import uuid
 from pathlib import Path
 
-from overlay_harness import differences, probes
-from overlay_harness.nodes import Node, wait_for
+from overlay_harness import differences, inside, netns, probes
+from overlay_harness.nodes import wait_for
 
 DYNAMO = "dynamo.sglang.sidecar"
 WAITING_FOR_LEADER = "Waiting for SGLang leader for local KV publishing"
@@ -72,17 +72,17 @@ def sidecar_args(*, follower: bool) -> list[str]:
 
 
 class Router:
-    """Dynamo's standalone KV router on ``node``'s host, routing to the leader's registered
-    worker with the group's page size; its log in ``log_path``."""
+    """Dynamo's standalone KV router on ``host`` (the leader's), routing to the leader's
+    registered worker with the group's page size; its log in ``log_path``."""
 
-    def __init__(self, node: Node, block_size: int, log_path: Path):
-        self.node = node
+    def __init__(self, host: netns.Host | None, block_size: int, log_path: Path):
+        self.host = host
         self.log_path = log_path
-        argv = [sys.executable, "-m", "dynamo.router", "--endpoint", WORKER_ENDPOINT,
-                "--router-block-size", str(block_size)]  # fmt: skip
+        self.argv = [sys.executable, "-m", "dynamo.router", "--endpoint", WORKER_ENDPOINT,
+                     "--router-block-size", str(block_size)]  # fmt: skip
         with open(log_path, "wb") as log:
             self.proc = subprocess.Popen(
-                node.command(argv),
+                host.command(self.argv) if host is not None else self.argv,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
@@ -91,7 +91,9 @@ class Router:
 
     def overlap(self, token_ids: list[int]) -> dict[int, int]:
         """Matched device blocks per DP rank of the registered worker, as the router sees them."""
-        (scores,) = self.node.inside(probes.dynamo_call, OVERLAP_SCORES, {"token_ids": token_ids})
+        (scores,) = inside.run(
+            self.host, probes.dynamo_call, OVERLAP_SCORES, {"token_ids": token_ids}
+        )
         return {worker["dp_rank"]: worker["device_blocks"] for worker in scores["workers"]}
 
     def wait_for_ranks(self, ranks: set[int], token_ids: list[int]) -> dict[int, int]:
@@ -117,7 +119,7 @@ class Router:
             "stop_conditions": {"max_tokens": max_tokens, "ignore_eos": True},
             "sampling_options": {"temperature": 0.0},
         }
-        items = self.node.inside(probes.dynamo_call, ROUTER_GENERATE, request)
+        items = inside.run(self.host, probes.dynamo_call, ROUTER_GENERATE, request)
         routed = next(i["routing_data"]["worker_id"] for i in items if "routing_data" in i
                       and "worker_id" in (i["routing_data"] or {}))  # fmt: skip
         usage = next(i["completion_usage"] for i in items if i.get("completion_usage"))

@@ -257,3 +257,72 @@ def dynamo_call(endpoint: str, payload: Any, seconds: float = 60.0) -> list:
             runtime.shutdown()
 
     return asyncio.run(asyncio.wait_for(call(), seconds))
+
+
+# --- upstream's WatchEngineState (0.5.23's native gRPC), read from the protobuf wire format ---
+
+WATCH_ENGINE_STATE_PATH = "/sglang.runtime.v1.SglangService/WatchEngineState"
+# EngineStateSnapshot fields: instance_id, revision, server_info (a GetServerInfoResponse).
+SNAPSHOT_INSTANCE_ID, SNAPSHOT_REVISION, SNAPSHOT_SERVER_INFO = 1, 2, 6
+
+
+def _varint(data: bytes, at: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        byte = data[at]
+        at += 1
+        value |= (byte & 0x7F) << shift
+        shift += 7
+        if not byte & 0x80:
+            return value, at
+
+
+def protobuf_fields(data: bytes) -> dict[int, Any]:
+    """``{field number: value}`` of a message's varint, fixed and length-delimited fields."""
+    fields: dict[int, Any] = {}
+    at = 0
+    while at < len(data):
+        key, at = _varint(data, at)
+        number, wire_type = key >> 3, key & 7
+        if wire_type == 0:
+            fields[number], at = _varint(data, at)
+        elif wire_type == 2:
+            length, at = _varint(data, at)
+            fields[number], at = data[at : at + length], at + length
+        elif wire_type in (1, 5):
+            width = 8 if wire_type == 1 else 4
+            fields[number], at = data[at : at + width], at + width
+        else:
+            raise ValueError(f"wire type {wire_type} of field {number}")
+    return fields
+
+
+def engine_state(port: int, host: str) -> dict:
+    """The first ``WatchEngineState`` snapshot (the current state): its instance id, revision
+    and the server info it embeds."""
+    with grpc.insecure_channel(f"{host}:{port}") as channel:
+        watch = channel.unary_stream(
+            WATCH_ENGINE_STATE_PATH,
+            request_serializer=lambda b: b,
+            response_deserializer=lambda b: b,
+        )
+        stream = watch(b"", timeout=30.0)
+        try:
+            snapshot = protobuf_fields(next(stream))
+        finally:
+            stream.cancel()
+    info = protobuf_fields(snapshot[SNAPSHOT_SERVER_INFO])[1]
+    return {
+        "instance_id": snapshot[SNAPSHOT_INSTANCE_ID],
+        "revision": snapshot.get(SNAPSHOT_REVISION, 0),
+        "server_info": json.loads(info),
+    }
+
+
+def http_post(port: int, host: str, path: str) -> int:
+    """The status of ``POST path`` with an empty JSON object."""
+    request = urllib.request.Request(
+        f"http://{host}:{port}{path}", data=b"{}", headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=60) as reply:
+        return reply.status

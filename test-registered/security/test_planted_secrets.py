@@ -8,8 +8,9 @@ rule names secret gets a unique canary through its own flag, except the ones no 
 carry (``refused_here``: watermarking needs a CUDA device; 0.5.23 refuses ``--api-key`` next to
 ``--grpc-port``), which the builder's unit tests cover; ``--ssl-keyfile-password`` comes with a
 throwaway certificate, since SGLang refuses it alone. Fields whose value can carry a secret by
-shape get canaries in that shape: JSON (``hicache_storage_backend_extra_config``,
-``model_loader_extra_config``), a Python literal (``deepep_config``), URL credentials and
+shape get canaries in that shape: JSON (``hicache_storage_backend_extra_config``; not
+``model_loader_extra_config``, which a real scheduler loading dummy weights refuses), a Python
+literal (``deepep_config``), URL credentials and
 signed-URL query parameters (``served_model_name``, ``otlp_traces_endpoint``,
 ``encoder_urls``). ``model_path`` keeps the config-only model directory: SGLang reads the model
 config from it at launch, so a URL there would be dereferenced (the builder's unit tests cover
@@ -157,22 +158,17 @@ def plant(fields: list[tuple[str, object]], flags: dict) -> tuple[list[str], dic
             args.extend([flag(name), build(mark)])
             planted.update(values)
 
+    # model_loader_extra_config would carry these, but a real scheduler loading dummy weights
+    # refuses any loader extra config; the storage backend's config carries them instead.
     shaped(
         "hicache_storage_backend_extra_config",
         lambda mark: json.dumps(
             {
                 "access_key": mark("access_key"),
                 "secret_key": mark("secret_key"),
+                "hf_token": mark("hf_token"),
                 "auth": {"session": [{"token": mark("nested token")}]},
                 "endpoint": f"s3://AKID:{mark('url password')}@bucket/prefix",
-            }
-        ),
-    )
-    shaped(
-        "model_loader_extra_config",
-        lambda mark: json.dumps(
-            {
-                "hf_token": mark("hf_token"),
                 "url": f"https://h.example/m?X-Amz-Credential={mark('X-Amz-Credential')}"
                 f"&X-Amz-Signature={mark('X-Amz-Signature')}&X-Amz-Date=20260101",
             }

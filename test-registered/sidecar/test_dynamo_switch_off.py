@@ -89,7 +89,7 @@ class TestDynamoSwitchOff(NodesTestCase):
         ):  # fmt: skip
             for node in (leader, follower):
                 node.expect_ready()
-            router = dynamo.Router(leader, PAGE_SIZE, self.workdir / "router.log")
+            router = dynamo.Router(leader.host, PAGE_SIZE, self.workdir / "router.log")
             stack.callback(router.stop)
             self.assertEqual(follower.server_info()["dp_size"], 1)
             line = nodes.wait_for(
