@@ -15,7 +15,7 @@ SGLANG_TEST_JOBS ?= 2
 
 .PHONY: venv build-dev wheel install lint rust-check python-lint test test-unit test-registered \
 	benchmark-smoke selftest benchmark hostile fresh-venv-check sdist-check patches-check \
-	patched-wheel test-patched test-sglang clean
+	patched-wheel test-patched test-sglang demo clean
 
 venv: $(PY)
 $(PY):
@@ -104,6 +104,12 @@ test-patched:
 
 selftest: install
 	$(VENV)/bin/sglang-sidecar-overlay selftest
+
+# KV-aware routing to a follower node on this machine: a two-node SGLang group (real schedulers
+# on the CPU) behind Dynamo's released sidecars and router, in private network namespaces
+# (root). Prints the commands it runs and where each prompt was routed.
+demo: install
+	$(PYTHON) scripts/sglang_envs.py demo --wheel-dir $(WHEEL_DIR)
 
 benchmark: install
 	$(PY) scripts/bench.py

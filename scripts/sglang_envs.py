@@ -22,6 +22,7 @@ never test stale code.
     scripts/sglang_envs.py test  --patched --releases 0.5.23 --wheel-dir dist [-- ...]
     scripts/sglang_envs.py test  --releases ci --with-patched --jobs 2 --wheel-dir dist
     scripts/sglang_envs.py path  0.5.23
+    scripts/sglang_envs.py demo  --wheel-dir dist
 
 ``--patched`` runs the same files in ``envs/sglang-0.5.23-patched-<key>/``, which holds the
 rebuilt wheel of ``scripts/patches.py`` instead of PyPI's (reinstalled when it changes), with
@@ -417,7 +418,7 @@ PLUGINS_ENV = "SGLANG_OVERLAY_TEST_PLUGINS"
 # The scenario files compared on both sides (patches/DIFFERENCES.md says why the others are not).
 EQUIVALENCE_FILES = (
     "test-registered/entrypoints/test_follower_metadata.py",
-    "test-registered/contract/test_attention_dp_group.py",
+    "test-registered/contract/test_two_node_group.py",
     "test-registered/sidecar/test_sidecar_launch.py",
     "test-registered/disaggregation/test_ordinary_dp_bootstrap_rank.py",
 )
@@ -599,6 +600,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 help="sessions run side by side (default 1: one after another, live output)",
             )
             sub.add_argument("pytest_args", nargs="*", help="after --: passed to pytest")
+    demo = commands.add_parser(
+        "demo", help="KV-aware routing to a follower (scripts/demo_routing.py)"
+    )
+    demo.add_argument("--wheel-dir", type=Path, default=ROOT / "dist")
     path = commands.add_parser("path")
     path.add_argument("release", choices=list(PINS))
     args = parser.parse_args(argv)
@@ -606,6 +611,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "path":
         print(env_path(args.release))
         return 0
+
+    if args.command == "demo":
+        return run_demo(find_wheel(args.wheel_dir))
 
     releases = parse_releases(args.releases)
     wheel = find_wheel(args.wheel_dir) if args.command == "test" else None
@@ -630,6 +638,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.with_patched:
         sessions.append(patched_session([patches_module().RELEASE], wheel, args.pytest_args))
     return report(run_sessions(sessions, args.jobs), sessions)
+
+
+DEMO_RELEASE = "0.5.23"
+
+
+def run_demo(wheel: Path) -> int:
+    """``scripts/demo_routing.py`` in the 0.5.23 env, as a session's env runs it."""
+    env = build_env(DEMO_RELEASE)
+    prepare_session_env(env, wheel)
+    environ = Session(DEMO_RELEASE, env, []).environ(None)
+    environ["PYTHONPATH"] = str(ROOT / "test-registered")
+    command = [str(env / "bin" / "python"), str(ROOT / "scripts" / "demo_routing.py")]
+    return subprocess.run(command, env=environ, cwd=ROOT / "test-registered").returncode
 
 
 def report(failed: list[str], sessions: list[Session]) -> int:

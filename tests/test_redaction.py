@@ -358,3 +358,21 @@ def test_json_argument_of_a_launch_command_joined_without_quotes():
     redacted = redact_launch_command(command)
     assert "AKIA-CANARY" not in redacted and "TOKEN-CANARY" not in redacted
     assert "--tp 2" in redacted
+
+
+def test_a_launch_command_joined_unquoted_with_json_secrets_is_redacted_once_and_for_all():
+    # What SGLang records (" ".join(argv)) for a real launch with a secret key flag and JSON
+    # configs holding secrets: one pass must already be a fixed point, so a probe re-checking
+    # the served text finds nothing left.
+    argv = [
+        "python", "-m", "sglang.launch_server", "--ssl-keyfile-password", "pw-canary",
+        "--hicache-storage-backend-extra-config",
+        '{"access_key": "ak-canary", "secret_key": "sk-canary", "hf_token": "hf-canary"}',
+        "--deepep-config", "{'secret_key': 'py-canary'}", "--tp", "2",
+    ]  # fmt: skip
+    once = redact_launch_command(" ".join(argv))
+    assert redact_text(once) == once
+    assert redact_launch_command(once) == once
+    for canary in ("pw-canary", "ak-canary", "sk-canary", "hf-canary", "py-canary"):
+        assert canary not in once
+    assert "--tp 2" in once

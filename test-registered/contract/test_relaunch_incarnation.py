@@ -25,7 +25,7 @@ import unittest
 
 import jsonschema
 from overlay_harness import dynamo, nodes, probes
-from overlay_harness.checks import NodeInfoChecks
+from overlay_harness.checks import NodeInfoChecks, report_launch
 from overlay_harness.group import EngineGroup
 from overlay_harness.testcase import NodesTestCase
 from sglang.test.ci.ci_register import register_cpu_ci
@@ -51,9 +51,11 @@ class TestRelaunchIncarnation(NodesTestCase, NodeInfoChecks):
             group.launch(1, sidecar=dynamo.DYNAMO, sidecar_args=CONSUMER_ARGS),
         ]
         began = time.time()
+        launched = time.monotonic()
         with nodes.running(*launches, log_dir=self.workdir) as started:
             for node in started:
                 node.expect_ready()
+            report_launch("two nodes, TP 2", started, launched)
             ready_at = time.time()
             infos = [node.server_info() for node in started]
             for rank, info in enumerate(infos):

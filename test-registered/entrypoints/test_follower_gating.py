@@ -20,9 +20,11 @@ goes red when the overlay's gate or check it covers is gone:
 """
 
 import json
+import time
 import unittest
 
 from overlay_harness import nodes, probes
+from overlay_harness.checks import report_launch
 from overlay_harness.group import KV_TOPIC, EngineGroup
 from overlay_harness.scheduler_faults import FAULT_ENV
 from overlay_harness.testcase import NodesTestCase
@@ -56,9 +58,11 @@ class TestFollowerGating(NodesTestCase):
             group.launch(3, env={"SGLANG_RUST_SERVER": "1"}),
         ]
         names = ["leader", "no-grpc-port", "grpc-mode", "rust-server"]
+        began = time.monotonic()
         with nodes.running(*launches, names=names, log_dir=self.workdir) as started:
             for node in started:
                 node.expect_ready()
+            report_launch("four nodes, TP 4", started, began)
             self.assert_serves_nothing(started[1], group.grpc_ports[1])
             self.assert_serves_nothing(started[2], group.grpc_ports[2])
             rust = started[3]

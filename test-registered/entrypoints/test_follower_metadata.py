@@ -19,7 +19,7 @@ import time
 import unittest
 
 from overlay_harness import nodes
-from overlay_harness.checks import NodeInfoChecks, report_fault
+from overlay_harness.checks import NodeInfoChecks, report_fault, report_launch
 from overlay_harness.group import EngineGroup
 from overlay_harness.testcase import NodesTestCase
 from sglang.test.ci.ci_register import register_cpu_ci
@@ -30,8 +30,10 @@ register_cpu_ci(est_time=120, suite="base-a-test-cpu")
 class TestFollowerMetadata(NodesTestCase, NodeInfoChecks):
     def run_single_node(self, parallel: list[str], ranks: list[int]) -> dict:
         group = EngineGroup(1, parallel)
+        began = time.monotonic()
         with nodes.running(group.launch(0), log_dir=self.workdir) as (leader,):
             leader.expect_ready()
+            report_launch(f"one node, {' '.join(parallel)}", [leader], began)
             info = leader.server_info()
             self.assert_node_info(info, group, 0, ranks)
             self.assert_group_sources([leader], [info])

@@ -6,6 +6,7 @@ import contextlib
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 
 import jsonschema
@@ -82,6 +83,33 @@ def report_fault(fault: str, outcome: str, seconds: float) -> None:
     time from the fault to a node with no process left."""
     release = releases.installed_sglang_version() or ""
     sys.stderr.write(f"[{release}] fault table: {fault} | {outcome} | clean in {seconds:.2f} s\n")
+
+
+def memory_kib(pids: list[int]) -> tuple[int, int]:
+    """(RSS, PSS) in KiB summed over ``pids`` (shared pages counted once in PSS)."""
+    rss = pss = 0
+    for pid in pids:
+        try:
+            rollup = Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines()
+        except OSError:
+            continue
+        for line in rollup:
+            name, _, value = line.partition(":")
+            if name in ("Rss", "Pss"):
+                kib = int(value.split()[0])
+                rss, pss = (rss + kib, pss) if name == "Rss" else (rss, pss + kib)
+    return rss, pss
+
+
+def report_launch(topology: str, started: list[Node], began: float) -> None:
+    """One row of ``docs/compatibility.md``'s launch table: the time from the first node's
+    start to every node ready, and the group's memory once ready."""
+    rss, pss = memory_kib([pid for node in started for pid in nodes.pids_with_tag(node.tag)])
+    release = releases.installed_sglang_version() or ""
+    sys.stderr.write(
+        f"[{release}] launch table: {topology} | {len(started)} node(s) | ready in "
+        f"{time.monotonic() - began:.1f} s | RSS {rss / 2**20:.2f} GiB, PSS {pss / 2**20:.2f} GiB\n"
+    )
 
 
 def alive(pid: int) -> bool:

@@ -28,8 +28,18 @@ ENGINE_BOOTSTRAP_RANK = 5
 # turning it on for Dynamo's released sidecar; a group running that sidecar sets it there.
 DYNAMO_SWITCH_DEFAULT = 6
 
+# patches/DIFFERENCES.md #7: on SGLang's SIGQUIT crash path the series' follower does not
+# stop its metadata server and sidecar first; SGLang's handler SIGKILLs the node's tree.
+FOLLOWER_SIGQUIT_STOP = 7
+
 ALLOWED = frozenset(
-    {FOLLOWER_HEALTH, FOLLOWER_SERVER_LOG_LINES, ENGINE_BOOTSTRAP_RANK, DYNAMO_SWITCH_DEFAULT}
+    {
+        FOLLOWER_HEALTH,
+        FOLLOWER_SERVER_LOG_LINES,
+        ENGINE_BOOTSTRAP_RANK,
+        DYNAMO_SWITCH_DEFAULT,
+        FOLLOWER_SIGQUIT_STOP,
+    }
 )
 
 

@@ -222,6 +222,21 @@ class Node:
             raise AssertionError(f"{self.name} did not get ready: {event}\n{self.log_tail(200)}")
         return event
 
+    def wait_serving(self, timeout: float = NODE_READY_DEADLINE) -> dict:
+        """A node without a ready event (``blocking-follower``): its ``GetServerInfo`` once it
+        answers; fails with the node's log if the node exits first."""
+
+        def answered() -> dict | None:
+            if self.proc.poll() is not None:
+                raise AssertionError(
+                    f"{self.name} exited {self.proc.returncode}\n{self.log_tail(200)}"
+                )
+            with contextlib.suppress(AssertionError):
+                return self.server_info()
+            return None
+
+        return wait_for(answered, timeout, f"{self.name}'s metadata server to answer")
+
     def wait_gone(self, timeout: float = 60.0) -> float:
         """Seconds until no process of the node is left (its tag gone from every process);
         raises past ``timeout``."""

@@ -30,6 +30,7 @@ import uuid
 from pathlib import Path
 
 from overlay_harness import kv_events, nodes
+from overlay_harness.checks import report_launch
 from overlay_harness.group import EngineGroup
 from overlay_harness.testcase import NodesTestCase
 from sglang.test.ci.ci_register import register_cpu_ci
@@ -83,8 +84,10 @@ class TestSidecarLaunch(NodesTestCase):
 
     def test_leader_sidecar_starts_after_bind_receives_events_and_stops_first(self):
         report = self.workdir / f"report-{uuid.uuid4().hex}.jsonl"
+        began = time.monotonic()
         with self.leader(report) as (group, node):
             node.expect_ready()
+            report_launch("one node, --tp 1, a --sidecar", [node], began)
             info = nodes.wait_for(lambda: step(report, "server_info"), EVENT_DEADLINE, "info")
             # Started only after the native listener bound: the first call already answered.
             self.assertEqual(info["attempts"], 1)

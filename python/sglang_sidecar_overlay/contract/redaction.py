@@ -99,6 +99,10 @@ def is_secret_query_name(name: str) -> bool:
     return normalized.rsplit("_", 1)[-1] in QUERY_SECRET_WORDS
 
 
+# Passes until a command line's redaction settles (two in practice; the bound is a guard).
+_MAX_COMMAND_PASSES = 4
+
+
 def redact(value: Any) -> Any:
     """A copy with every secret hidden, at any depth (the module docstring lists the forms).
 
@@ -158,8 +162,21 @@ def redact_launch_command(command: str) -> str:
     """The command line with secret ``--flag value`` / ``--flag=value`` values hidden.
 
     Also hides ``NAME=value`` environment assignments, secrets inside JSON-valued arguments and
-    URL credentials. Returns the input unchanged when nothing needed hiding.
+    URL credentials. Returns the input unchanged when nothing needed hiding. The result is a
+    fixed point (redacting it again changes nothing), so a consumer that checks for leftover
+    secrets the same way finds none: a pass re-quotes the words it splits, and the quoting of
+    a launcher that joined argv unquoted can take a second pass to settle.
     """
+    text = command
+    for _ in range(_MAX_COMMAND_PASSES):
+        redacted = _redact_command_once(text)
+        if redacted == text:
+            break
+        text = redacted
+    return text
+
+
+def _redact_command_once(command: str) -> str:
     # Pairs first, on the whole line: a launcher that joined argv without quoting leaves a JSON
     # argument in pieces ('{"secret_key":' 'value,'), which no single word reveals.
     paired = _redact_pairs(command)
