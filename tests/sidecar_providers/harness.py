@@ -43,8 +43,8 @@ def read_log(path: str | Path) -> list[dict]:
 
 
 def proc_key(pid: int) -> ProcKey | None:
-    stat = proctree._read_stat(pid)
-    return None if stat is None else (pid, stat[2])
+    stat = proctree.read_stat(pid)
+    return None if stat is None else (pid, stat.starttime)
 
 
 def gone(key: ProcKey) -> bool:

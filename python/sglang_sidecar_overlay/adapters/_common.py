@@ -9,7 +9,6 @@ follower metadata server). SGLang's runtime state is read through ``_sglang``.
 from __future__ import annotations
 
 import logging
-import signal
 import sys
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
@@ -25,6 +24,7 @@ from sglang_sidecar_overlay.contract.server_info import (
     to_jsonable,
 )
 from sglang_sidecar_overlay.contract.sources import describe_source
+from sglang_sidecar_overlay.sidecar import proctree
 
 if TYPE_CHECKING:
     from sglang_sidecar_overlay.server.follower import FollowerMetadataServer
@@ -198,10 +198,7 @@ def exit_description(exitcode: int) -> str:
     """``exit code 3`` or ``signal SIGKILL``, from a ``multiprocessing`` exit code."""
     if exitcode >= 0:
         return f"exit code {exitcode}"
-    try:
-        return f"signal {signal.Signals(-exitcode).name}"
-    except ValueError:
-        return f"signal {-exitcode}"
+    return f"signal {proctree.signal_name(-exitcode) or -exitcode}"
 
 
 def failing_on_scheduler_crash(block: Callable[[], None], procs: Any) -> Callable[[], None]:

@@ -200,11 +200,7 @@ class RestartBudget:
 def describe_exit(returncode: int, expected: bool = False) -> str:
     """``exited with code 3`` / ``killed by SIGSEGV`` / ``exited cleanly (code 0) ...``."""
     if returncode < 0:
-        try:
-            name = signal.Signals(-returncode).name
-        except ValueError:
-            name = f"signal {-returncode}"
-        return f"killed by {name}"
+        return f"killed by {proctree.signal_name(-returncode) or f'signal {-returncode}'}"
     if returncode == 0 and not expected:
         return "exited cleanly (code 0) while the server was running"
     return f"exited with code {returncode}"
@@ -349,7 +345,9 @@ class SidecarSupervisor:
             # its parent; the leader is unreaped, so the group id cannot have been reused.
             table = proctree.process_table()
             strays = [
-                key for key in proctree.descendants(proc.pid, table) if table[key[0]][1] != proc.pid
+                key
+                for key in proctree.descendants(proc.pid, table)
+                if table[key[0]].pgrp != proc.pid
             ]
             logger.info("sending %s to sidecar %r (group %d)", name, self.module, proc.pid)
             with contextlib.suppress(ProcessLookupError):
