@@ -39,12 +39,9 @@ bootstrap DP rank, the replica's under ordinary DP (``_disagg_dp_rank``, shared 
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from sglang_sidecar_overlay.adapters import _disagg_dp_rank, _hooks, _sglang
-
-logger = logging.getLogger("sglang_sidecar_overlay.adapters.v0_5_22")
 
 BUILD_SERVER_INFO = "sglang.srt.utils.common.build_server_info"
 START_FOLLOWER = "sglang.srt.utils.common.start_follower_grpc_server"
@@ -81,9 +78,9 @@ def around_build_server_info(
 ) -> dict:
     if _sglang.rust_server_enabled():
         return original(server_args, scheduler_info, *args, **kwargs)
-    from sglang_sidecar_overlay.adapters import _common
+    from sglang_sidecar_overlay.adapters import _server_info
 
-    return _common.node_server_info(server_args, scheduler_info)
+    return _server_info.node_server_info(server_args, scheduler_info)
 
 
 def around_start_follower(
@@ -91,9 +88,11 @@ def around_start_follower(
 ) -> Any:
     if _sglang.rust_server_enabled() or not _sglang.native_grpc_enabled():
         return original(server_args, scheduler_info, *args, **kwargs)
-    from sglang_sidecar_overlay.adapters import _common
+    from sglang_sidecar_overlay.adapters import _follower
 
-    return _common.start_node_follower(server_args, scheduler_info, current_launch.scheduler_pids())
+    return _follower.start_node_follower(
+        server_args, scheduler_info, current_launch.scheduler_pids()
+    )
 
 
 def around_leader_server_info(original: Any, handle: Any, *args: Any, **kwargs: Any) -> str:
@@ -137,24 +136,26 @@ def install_launch_hooks(names: list[str] | None = None) -> list[str]:
 
     Idempotent per process; returns the groups it added.
     """
-    from sglang_sidecar_overlay.adapters import _common
+    from sglang_sidecar_overlay.adapters import _http_route, _server_info
 
-    _common.rebind_loaded_server_info_route(_common.redacted_body)
+    _http_route.rebind_loaded_server_info_route(_server_info.redacted_body)
     names = launch_groups() if names is None else names
     return _hooks.installed.install(_launch_hooks(names), names)
 
 
 def around_launch_schedulers(original: Any, cls: Any, server_args: Any, *args: Any, **kwargs):
-    from sglang_sidecar_overlay.adapters import _common
+    from sglang_sidecar_overlay.adapters import _server_info
 
-    _common.begin_node_launch()
+    _server_info.begin_node_launch()
     install_launch_hooks()
     children = ["prefill_sender"] if _disagg_dp_rank.prefill_node(server_args) else []
     with _hooks.exported_child_groups(children):
         init_result, procs = original(cls, server_args, *args, **kwargs)
     current_launch.record(init_result, procs)
     if _sglang.node_rank() >= 1:
-        init_result.block_until_scheduler_exits = _common.failing_on_scheduler_crash(
+        from sglang_sidecar_overlay.adapters import _follower
+
+        init_result.block_until_scheduler_exits = _follower.failing_on_scheduler_crash(
             init_result.block_until_scheduler_exits, procs
         )
     return init_result, procs
