@@ -25,6 +25,12 @@ from sglang_sidecar_overlay.tools import probe
 from sglang_sidecar_overlay.tools.probe import wire
 from sglang_sidecar_overlay.tools.probe.listen import traffic_findings
 from sglang_sidecar_overlay.tools.selftest import StandInPublisher, node_snapshot
+from wire_server import (
+    decode_get_server_info_request,
+    decode_health_check_request,
+    encode_get_server_info_response,
+    encode_health_check_response,
+)
 
 # --- helpers shared with test_cli.py ------------------------------------------------------------
 
@@ -60,8 +66,8 @@ def grpc_node(
     if sglang:
         handler = grpc.unary_unary_rpc_method_handler(
             get_server_info,
-            request_deserializer=wire.decode_get_server_info_request,
-            response_serializer=wire.encode_get_server_info_response,
+            request_deserializer=decode_get_server_info_request,
+            response_serializer=encode_get_server_info_response,
         )
         server.add_generic_rpc_handlers(
             (grpc.method_handlers_generic_handler(wire.SGLANG_SERVICE, {"GetServerInfo": handler}),)
@@ -74,8 +80,8 @@ def grpc_node(
     if health is not None:
         handler = grpc.unary_unary_rpc_method_handler(
             health_check,
-            request_deserializer=wire.decode_health_check_request,
-            response_serializer=wire.encode_health_check_response,
+            request_deserializer=decode_health_check_request,
+            response_serializer=encode_health_check_response,
         )
         server.add_generic_rpc_handlers(
             (grpc.method_handlers_generic_handler(wire.HEALTH_SERVICE, {"Check": handler}),)
@@ -165,7 +171,7 @@ def warnings_of(findings: list[probe.Finding]) -> dict[str, str]:
 
 def test_wire_round_trips_and_skips_unknown_fields() -> None:
     text = json.dumps({"kv_event_sources": [], "note": "ü" * 300})
-    encoded = wire.encode_get_server_info_response(text)
+    encoded = encode_get_server_info_response(text)
     assert wire.decode_get_server_info_response(encoded) == text
     # An unknown varint field 2 and fixed32 field 3 ahead of json_info are skipped.
     extra = b"\x10\x05" + b"\x1d\x00\x00\x00\x00"
@@ -173,9 +179,9 @@ def test_wire_round_trips_and_skips_unknown_fields() -> None:
     assert wire.encode_get_server_info_request() == b""
     assert wire.decode_get_server_info_response(b"") == ""
     for status in wire.ServingStatus:
-        raw = wire.encode_health_check_response(status)
+        raw = encode_health_check_response(status)
         assert wire.decode_health_check_response(raw) == status
-    assert wire.decode_health_check_request(wire.encode_health_check_request("svc")) == "svc"
+    assert decode_health_check_request(wire.encode_health_check_request("svc")) == "svc"
     assert wire.status_name(9) == "UNRECOGNIZED(9)"
 
 

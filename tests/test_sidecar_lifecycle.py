@@ -343,11 +343,8 @@ def test_shim_exits_without_running_provider_if_parent_already_gone(reaper, tmp_
 
 _SIGTERM_PARENT = """
 import json, os, signal, sys, time
-from sglang_sidecar_overlay.sidecar.supervisor import (
-    SidecarOptions,
-    SidecarSupervisor,
-    running_sidecar,
-)
+from sglang_sidecar_overlay.sidecar.supervisor import SidecarOptions, SidecarSupervisor
+from sidecar_providers.harness import running_sidecar
 report, ready, mode = sys.argv[1], sys.argv[2], sys.argv[3]
 if mode == "chained":
     def previous(signum, frame):

@@ -23,6 +23,7 @@ from importlib import resources
 from typing import Any
 
 from sglang_sidecar_overlay.contract.endpoints import endpoint_problems
+from sglang_sidecar_overlay.contract.values import is_int
 
 __all__ = ["ENDPOINT_FORMAT", "SCHEMA_RESOURCE", "contract_validator", "load_schema"]
 
@@ -38,7 +39,7 @@ def load_schema() -> dict:
 
 
 def _is_integer(_checker: Any, value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+    return is_int(value)
 
 
 def _is_number(_checker: Any, value: Any) -> bool:

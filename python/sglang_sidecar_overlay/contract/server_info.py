@@ -11,7 +11,6 @@ shape is the JSON Schema in ``schema``.
 from __future__ import annotations
 
 import json
-import logging
 import math
 import os
 from collections.abc import Iterable, Mapping
@@ -26,8 +25,7 @@ from sglang_sidecar_overlay.contract.incarnation import (
 )
 from sglang_sidecar_overlay.contract.redaction import redact
 from sglang_sidecar_overlay.contract.sources import aggregate_sources
-
-logger = logging.getLogger("sglang_sidecar_overlay.contract.server_info")
+from sglang_sidecar_overlay.contract.values import is_int
 
 __all__ = [
     "CONTRACT_VERSION",
@@ -89,7 +87,7 @@ def rank_space(server_args: Mapping[str, Any], local_ranks: Iterable[int]) -> di
     size = system_dp_size * attn_dp_size
     ranks = sorted(set(local_ranks))
     for rank in ranks:
-        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < size:
+        if not is_int(rank) or not 0 <= rank < size:
             raise ValueError(
                 f"KV source dp_rank {rank!r} is outside the publisher-rank space of size {size} "
                 f"(dp_size={system_dp_size}, attn_dp_size={attn_dp_size})"
@@ -106,7 +104,7 @@ def _positive_width(server_args: Mapping[str, Any], name: str) -> int:
     value = server_args.get(name, 1)
     if value is None:
         return 1
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    if not is_int(value) or value < 1:
         raise ValueError(f"{name} must be a positive int, got {value!r}")
     return value
 

@@ -14,8 +14,9 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from sglang_sidecar_overlay.contract.endpoints import normalize_endpoint
+from sglang_sidecar_overlay.contract.values import is_int
 
-logger = logging.getLogger("sglang_sidecar_overlay.contract.sources")
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "DEFAULT_ENCODING",
@@ -77,13 +78,13 @@ def describe_source(
 
 
 def _check_rank(dp_rank: Any) -> None:
-    if isinstance(dp_rank, bool) or not isinstance(dp_rank, int) or dp_rank < 0:
+    if not is_int(dp_rank) or dp_rank < 0:
         raise ValueError(f"dp_rank must be a non-negative int, got {dp_rank!r}")
 
 
 def _check_block_size(block_size: Any) -> None:
     # A wrong block size makes routers miss silently, so refuse anything but a positive int.
-    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size <= 0:
+    if not is_int(block_size) or block_size <= 0:
         raise ValueError(
             f"block_size must be a positive int (page_size x dcp_size), got {block_size!r}"
         )

@@ -26,7 +26,7 @@ from typing import Any
 
 from sglang_sidecar_overlay.contract.endpoints import format_host_port
 
-logger = logging.getLogger("sglang_sidecar_overlay.server.follower")
+logger = logging.getLogger(__name__)
 
 __all__ = ["DEFAULT_LINGER_S", "FollowerMetadataServer", "start_follower_server"]
 

@@ -31,8 +31,9 @@ from typing import Any
 from sglang_sidecar_overlay.contract.incarnation import Incarnation
 from sglang_sidecar_overlay.tools import probe
 from sglang_sidecar_overlay.tools.probe.checks import describe_incarnation
+from sglang_sidecar_overlay.tools.probe.listen import REPLAY_END_SEQ, decode_seq, encode_seq
 
-logger = logging.getLogger("sglang_sidecar_overlay.tools.selftest")
+logger = logging.getLogger(__name__)
 
 __all__ = ["Check", "SelftestReport", "StandInPublisher", "run_selftest"]
 
@@ -44,7 +45,6 @@ PAGE_SIZE = 16
 DCP_SIZE = 1
 SECRET = "selftest-secret-value"
 _HISTORY_BATCHES = 3
-_END_SEQ = (-1).to_bytes(8, "big", signed=True)
 
 
 @dataclasses.dataclass
@@ -172,7 +172,7 @@ class StandInPublisher:
                 return
             payload = encoder.encode(batch)
             try:
-                self._pub.send_multipart([topic, seq.to_bytes(8, "big"), payload])
+                self._pub.send_multipart([topic, encode_seq(seq), payload])
             except zmq.ZMQError:
                 logger.exception("stand-in publisher %d failed to publish", self.dp_rank)
                 return
@@ -188,11 +188,11 @@ class StandInPublisher:
             logger.warning("stand-in publisher %d: bad replay request", self.dp_rank)
             return
         identity, _, start = frames
-        start_seq = int.from_bytes(start, "big")
+        start_seq = decode_seq(start) or 0
         for seq, payload in self._buffer:
             if seq >= start_seq:
-                self._replay.send_multipart([identity, b"", topic, seq.to_bytes(8, "big"), payload])
-        self._replay.send_multipart([identity, b"", b"", _END_SEQ, b""])
+                self._replay.send_multipart([identity, b"", topic, encode_seq(seq), payload])
+        self._replay.send_multipart([identity, b"", b"", encode_seq(REPLAY_END_SEQ), b""])
 
 
 def _wait_for(condition: Any, timeout: float) -> bool:

@@ -27,6 +27,7 @@ from sglang_sidecar_overlay.contract.redaction import REDACTED, is_secret_name, 
 from sglang_sidecar_overlay.contract.schema import ENDPOINT_FORMAT, contract_validator
 from sglang_sidecar_overlay.contract.server_info import rank_space
 from sglang_sidecar_overlay.contract.sources import DEFAULT_ENCODING
+from sglang_sidecar_overlay.contract.values import is_int
 from sglang_sidecar_overlay.tools.probe.report import ERROR, OK, WARNING, Finding
 from sglang_sidecar_overlay.tools.probe.rpc import one_line
 
@@ -99,10 +100,6 @@ def _nesting_exceeds(value: Any, limit: int) -> bool:
             return True
         stack.extend((child, depth + 1) for child in children)
     return False
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def check_server_info(text: str) -> tuple[dict | None, list[Finding]]:
@@ -253,7 +250,7 @@ def _check_topology(info: Mapping[str, Any], flagged: set[str]) -> list[Finding]
     nnodes = info.get("nnodes")
     node_rank = info.get("node_rank")
     shapes_ok = not ({"nnodes", "node_rank"} & flagged)
-    if shapes_ok and _is_int(nnodes) and _is_int(node_rank) and node_rank >= nnodes:
+    if shapes_ok and is_int(nnodes) and is_int(node_rank) and node_rank >= nnodes:
         found.append(
             Finding(ERROR, "topology", "node_rank", f"{node_rank} is not < nnodes {nnodes}")
         )
@@ -261,7 +258,7 @@ def _check_topology(info: Mapping[str, Any], flagged: set[str]) -> list[Finding]
     if (
         "dist_init_addr" not in flagged
         and "nnodes" not in flagged
-        and _is_int(nnodes)
+        and is_int(nnodes)
         and nnodes > 1
         and (not isinstance(addr, str) or not addr.strip())
     ):
@@ -289,7 +286,7 @@ def _check_topology(info: Mapping[str, Any], flagged: set[str]) -> list[Finding]
 def _check_launch(info: Mapping[str, Any], flagged: set[str]) -> list[Finding]:
     """``contract_version`` and ``incarnation``: which contract, and which launch of the node."""
     version = info.get("contract_version")
-    if "contract_version" in flagged or not _is_int(version):
+    if "contract_version" in flagged or not is_int(version):
         return []
     if version > CONTRACT_VERSION:
         return [
@@ -333,14 +330,14 @@ def _duration(seconds: float) -> str:
 def _rank_space_size(info: Mapping[str, Any]) -> tuple[int | None, str]:
     """The width of the publisher-rank space and the field it came from."""
     space = info.get("kv_event_rank_space")
-    if isinstance(space, Mapping) and _is_int(space.get("size")) and space["size"] > 0:
+    if isinstance(space, Mapping) and is_int(space.get("size")) and space["size"] > 0:
         return space["size"], "kv_event_rank_space.size"
     try:
         return rank_space(info, [])["size"], "dp_size/attn_dp_size/enable_dp_attention"
     except (ValueError, TypeError):
         pass
     legacy = info.get("kv_events")
-    if isinstance(legacy, Mapping) and _is_int(legacy.get("dp_size")) and legacy["dp_size"] > 0:
+    if isinstance(legacy, Mapping) and is_int(legacy.get("dp_size")) and legacy["dp_size"] > 0:
         return legacy["dp_size"], "kv_events.dp_size"
     return None, ""
 
@@ -381,11 +378,11 @@ def _check_sources(info: Mapping[str, Any], flagged: set[str]) -> list[Finding]:
         encoding = source.get("encoding")
         if f"{prefix}.encoding" not in flagged and isinstance(encoding, str):
             found += _check_encoding(encoding, prefix)
-        if f"{prefix}.block_size" not in flagged and _is_int(source.get("block_size")):
+        if f"{prefix}.block_size" not in flagged and is_int(source.get("block_size")):
             block_sizes.append((index, source["block_size"]))
     found += _check_block_sizes(info, block_sizes)
     ranks = [source.get("dp_rank") for source in sources if isinstance(source, dict)]
-    if all(_is_int(rank) for rank in ranks) and ranks != sorted(ranks):
+    if all(is_int(rank) for rank in ranks) and ranks != sorted(ranks):
         found.append(
             Finding(
                 ERROR,
@@ -436,7 +433,7 @@ def _check_source_rank(
 ) -> list[Finding]:
     field = f"kv_event_sources[{index}].dp_rank"
     rank = source.get("dp_rank")
-    if not _is_int(rank):
+    if not is_int(rank):
         return []
     found: list[Finding] = []
     if rank in ranks_seen:
@@ -469,7 +466,7 @@ def _check_source_rank(
             )
         )
     dp_size = info.get("dp_size")
-    if _is_int(dp_size) and dp_size >= 1 and rank >= dp_size:
+    if is_int(dp_size) and dp_size >= 1 and rank >= dp_size:
         # Released consumers (ai-dynamo ≤ 1.6.1) check dp_rank < dp_size and reject the node.
         found.append(
             Finding(
@@ -508,7 +505,7 @@ def _check_rank_space_object(
         return found
     local = space["local_ranks"]
     advertised = sorted(
-        {s.get("dp_rank") for s in sources if isinstance(s, dict) and _is_int(s.get("dp_rank"))}
+        {s.get("dp_rank") for s in sources if isinstance(s, dict) and is_int(s.get("dp_rank"))}
     )
     if sorted(local) != advertised:
         found.append(

@@ -10,15 +10,31 @@ from typing import Any
 
 from sglang_sidecar_overlay.tools.probe.report import ERROR, INFO, OK, WARNING, Finding, RankTraffic
 
-__all__ = ["Subscriptions", "listen", "traffic_findings"]
+__all__ = [
+    "REPLAY_END_SEQ",
+    "SEQ_BYTES",
+    "Subscriptions",
+    "decode_seq",
+    "encode_seq",
+    "listen",
+    "traffic_findings",
+]
 
-_END_SEQ = -1
-# Sequence numbers are 8-byte big-endian; the replay end marker is -1 as signed.
-_SEQ_BYTES = 8
+# SGLang's event stream: sequence numbers are 8-byte big-endian, and a replay ends with the
+# sequence number -1 (signed). The one place this framing is written (the selftest's stand-in
+# publisher sends what this module reads).
+SEQ_BYTES = 8
+REPLAY_END_SEQ = -1
 
 
-def _decode_seq(raw: bytes) -> int | None:
-    if len(raw) != _SEQ_BYTES:
+def encode_seq(seq: int) -> bytes:
+    """A sequence-number frame; ``REPLAY_END_SEQ`` encodes as eight 0xff bytes."""
+    return seq.to_bytes(SEQ_BYTES, "big", signed=True)
+
+
+def decode_seq(raw: bytes) -> int | None:
+    """The sequence number of a frame, or None when the frame is not 8 bytes."""
+    if len(raw) != SEQ_BYTES:
         return None
     return int.from_bytes(raw, "big", signed=True)
 
@@ -73,7 +89,7 @@ def _on_live(traffic: RankTraffic, frames: list[bytes]) -> None:
         # SUB filters by prefix; a longer topic sharing the prefix is someone else's.
         traffic.other_topics += 1
         return
-    seq = _decode_seq(seq_raw)
+    seq = decode_seq(seq_raw)
     if seq is None:
         _reject(traffic, "sequence frame is not 8 bytes")
         return
@@ -92,11 +108,11 @@ def _on_replay(traffic: RankTraffic, frames: list[bytes]) -> None:
     else:
         _reject(traffic, f"replay message has {len(frames)} frames")
         return
-    seq = _decode_seq(seq_raw)
+    seq = decode_seq(seq_raw)
     if seq is None:
         _reject(traffic, "replay sequence frame is not 8 bytes")
         return
-    if seq == _END_SEQ:
+    if seq == REPLAY_END_SEQ:
         traffic.replay = "complete"
         return
     _record_batch(traffic, seq, payload, replay=True)
@@ -159,7 +175,7 @@ class Subscriptions:
                 _reject(item, f"cannot connect to {item.replay_endpoint}: {exc}")
                 return
             # The ROUTER expects [identity, "", start_seq]; DEALER adds no delimiter.
-            dealer.send_multipart([b"", (0).to_bytes(_SEQ_BYTES, "big")])
+            dealer.send_multipart([b"", encode_seq(0)])
             item.replay = "requested"
             self._poller.register(dealer, zmq.POLLIN)
             self._handlers[dealer] = (item, _on_replay)

@@ -9,6 +9,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from sglang_sidecar_overlay.tools.exit_codes import EXIT_OK, EXIT_PROBLEM, EXIT_UNREACHABLE
+
 __all__ = ["ERROR", "INFO", "OK", "WARNING", "Finding", "ProbeError", "ProbeReport", "RankTraffic"]
 
 OK = "ok"
@@ -118,8 +120,8 @@ class ProbeReport:
     def exit_code(self) -> int:
         """0 all good, 1 the node answered but something is wrong, 3 it could not be probed."""
         if self.error is not None:
-            return 3
-        return 0 if self.ok else 1
+            return EXIT_UNREACHABLE
+        return EXIT_OK if self.ok else EXIT_PROBLEM
 
     def to_json(self) -> dict:
         """The stable ``probe --json`` object (documented in the operator guide)."""
