@@ -85,7 +85,7 @@ test-sglang:
 # Every benchmark row once with tiny durations, nothing written: keeps `make benchmark` from
 # rotting (runs after test-registered, whose cached SGLang envs rows 4 and 5 use).
 benchmark-smoke: install
-	$(PY) scripts/bench.py --smoke
+	$(PY) scripts/bench --smoke
 
 # The upstream patch series (patches/): apply it to the released SGLang tree with git am,
 # repack and install the rebuilt wheel into a cached env (scripts/patches.py).
@@ -106,7 +106,7 @@ selftest: install
 	$(VENV)/bin/sglang-sidecar-overlay selftest
 
 benchmark: install
-	$(PY) scripts/bench.py
+	$(PY) scripts/bench
 
 # Hostile clients against this project's metadata server and upstream's: docs/hostile-input.md.
 hostile: install
