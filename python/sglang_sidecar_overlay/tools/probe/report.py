@@ -1,7 +1,11 @@
 """The probe's report model: findings, per-rank traffic, and the ``--json`` shape.
 
 ``ProbeReport`` is what every probe step fills in and what the CLI renders; ``ProbeError`` is
-an expected failure to probe at all (closed port, timeout, not SGLang), one line long.
+an expected failure to probe at all (closed port, timeout, not SGLang), one line long. A
+finding names the field it is about by its JSON location, a tuple of keys and indices like
+jsonschema's ``absolute_path`` (``("kv_event_sources", 0, "dp_rank")``), written out as
+``kv_event_sources[0].dp_rank`` (``field_path``). ``CheckFindings`` builds one check's findings
+and derives its OK line.
 """
 
 from __future__ import annotations
@@ -11,12 +15,36 @@ from typing import Any
 
 from sglang_sidecar_overlay.tools.exit_codes import EXIT_OK, EXIT_PROBLEM, EXIT_UNREACHABLE
 
-__all__ = ["ERROR", "INFO", "OK", "WARNING", "Finding", "ProbeError", "ProbeReport", "RankTraffic"]
+__all__ = [
+    "ERROR",
+    "INFO",
+    "OK",
+    "WARNING",
+    "CheckFindings",
+    "Finding",
+    "Location",
+    "ProbeError",
+    "ProbeReport",
+    "RankTraffic",
+    "field_path",
+]
 
 OK = "ok"
 INFO = "info"
 WARNING = "warning"
 ERROR = "error"
+
+
+# Where in a node's server info a finding is: keys and list indices from the top.
+Location = tuple[str | int, ...]
+
+
+def field_path(location: Location) -> str:
+    """``kv_event_sources[0].dp_rank`` for ``("kv_event_sources", 0, "dp_rank")``."""
+    text = ""
+    for part in location:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+    return text
 
 
 class ProbeError(Exception):
@@ -39,6 +67,43 @@ class Finding:
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
+
+
+class CheckFindings:
+    """The findings of one check (one report ``check`` name), added rule by rule.
+
+    :meth:`result` returns them, with the check's OK line first when it has one to give:
+    the check found no error and the schema flagged nothing it reads.
+    """
+
+    def __init__(self, check: str) -> None:
+        self.check = check
+        self.found: list[Finding] = []
+
+    def add(self, level: str, location: Location | None, message: str) -> None:
+        field = None if location is None else field_path(location) or "json_info"
+        self.found.append(Finding(level, self.check, field, message))
+
+    def error(self, location: Location | None, message: str) -> None:
+        self.add(ERROR, location, message)
+
+    def warning(self, location: Location | None, message: str) -> None:
+        self.add(WARNING, location, message)
+
+    @property
+    def has_error(self) -> bool:
+        return any(finding.level == ERROR for finding in self.found)
+
+    def result(
+        self, ok: tuple[Location | None, str] | None = None, *, shapes_ok: bool = True
+    ) -> list[Finding]:
+        """The findings; ``ok`` (location, message) first when ``shapes_ok`` and no error."""
+        if ok is None or not shapes_ok or self.has_error:
+            return self.found
+        location, message = ok
+        passed = CheckFindings(self.check)
+        passed.add(OK, location, message)
+        return passed.found + self.found
 
 
 @dataclasses.dataclass
