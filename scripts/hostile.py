@@ -103,7 +103,8 @@ def render(results: dict[str, Any], command: str) -> str:
         "(see [security.md](security.md)); upstream is `start_metadata_server` from the "
         f"sglang {UPSTREAM_RELEASE} wheel's `_grpc` extension. Each pattern runs against "
         f"a fresh server process serving a {SNAPSHOT_BYTES:,}-byte snapshot. The patterns are "
-        "`tests/hostile_patterns.py`, the code `tests/test_hostile_input.py` runs against ours.",
+        "`tests/hostile_patterns.py`, the code `tests/native/test_hostile_input.py` runs "
+        "against ours.",
         "",
         "- **status**: what the server did to the hostile client (HTTP/2 frames it sent back, "
         "`closed` when it closed the connection; GOAWAY codes: 1 PROTOCOL_ERROR, 6 "

@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 import zmq
+
+# The test tree (helpers and data live at its top, next to this file) and the repository.
+TESTS = Path(__file__).resolve().parent
+ROOT = TESTS.parent
 
 
 @pytest.fixture

@@ -1,7 +1,7 @@
 """Hostile clients of a metadata server, and how to watch the server while they run.
 
-Shared by ``tests/test_hostile_input.py`` (this project's server, assertions on behaviour) and
-``scripts/hostile.py`` (this project's and upstream SGLang's, side by side, into
+Shared by ``tests/native/test_hostile_input.py`` (this project's server, assertions on
+behaviour) and ``scripts/hostile.py`` (this project's and upstream SGLang's, side by side, into
 ``docs/hostile-input.md``). Every pattern talks to a real server over loopback with real
 sockets, and every loop in it is bounded in count and in time.
 

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import sglang_sidecar_overlay
+from conftest import TESTS
 from sglang_sidecar_overlay.sidecar import proctree, shim
 from sglang_sidecar_overlay.sidecar.supervisor import SidecarOptions
 from sidecar_providers.harness import (
@@ -33,7 +34,7 @@ from sidecar_providers.harness import (
     wait_for,
 )
 
-TESTS_DIR = Path(__file__).resolve().parent
+TESTS_DIR = TESTS
 PACKAGE_ROOT = Path(sglang_sidecar_overlay.__file__).resolve().parent.parent
 
 

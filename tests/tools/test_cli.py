@@ -10,47 +10,25 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-import sglang_sidecar_overlay
-from sglang_sidecar_overlay.contract.server_info import LEGACY_DP_SIZE_ENV, render_server_info
-from sglang_sidecar_overlay.releases import SUPPORTED_RANGE, installed_sglang_version
-from sglang_sidecar_overlay.tools.probe import wire
-from test_probe import (
+from probe_nodes import (
     closed_port,
     feeding,
     good_info,
     grpc_node,
     live_publishers,
     publish_history,
+    run_cli,
 )
+from sglang_sidecar_overlay.contract.server_info import LEGACY_DP_SIZE_ENV, render_server_info
+from sglang_sidecar_overlay.releases import SUPPORTED_RANGE, installed_sglang_version
+from sglang_sidecar_overlay.tools.probe import wire
 
-# The subprocess imports the same package as this test process.
-PACKAGE_PARENT = Path(sglang_sidecar_overlay.__file__).resolve().parent.parent
 SERVING = wire.ServingStatus.SERVING
-
-
-def run_cli(
-    *args: str, extra_path: tuple[Path, ...] = (), env: dict | None = None, timeout: float = 60
-) -> subprocess.CompletedProcess:
-    environ = dict(os.environ)
-    for name in ("SGLANG_PLUGINS", LEGACY_DP_SIZE_ENV, "PYTHONPATH"):
-        environ.pop(name, None)
-    environ["PYTHONPATH"] = os.pathsep.join([*map(str, extra_path), str(PACKAGE_PARENT)])
-    environ["PYTHONIOENCODING"] = "utf-8"
-    environ.update(env or {})
-    return subprocess.run(
-        [sys.executable, "-m", "sglang_sidecar_overlay", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=environ,
-        check=False,
-    )
 
 
 def one_line(stderr: str) -> str:

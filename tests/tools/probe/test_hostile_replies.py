@@ -20,12 +20,11 @@ import grpc
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from probe_nodes import grpc_node, run_cli
 from sglang_sidecar_overlay.contract.endpoints import endpoint_problems, normalize_endpoint
 from sglang_sidecar_overlay.contract.schema import contract_validator, load_schema
 from sglang_sidecar_overlay.tools import probe
 from sglang_sidecar_overlay.tools.probe import check_server_info, wire
-from test_cli import run_cli
-from test_probe import grpc_node
 from wire_server import encode_get_server_info_response
 
 # --- endpoint grammar ---------------------------------------------------------------------------
