@@ -37,7 +37,6 @@ from sglang_sidecar_overlay.adapters import _disagg_dp_rank, _hooks, _sglang, _s
 
 PUBLISHER_SETUP = "sglang.srt.disaggregation.kv_events.ZmqEventPublisher._socket_setup"
 GET_INIT_INFO = "sglang.srt.managers.scheduler.Scheduler.get_init_info"
-LAUNCH_SCHEDULERS = "sglang.srt.entrypoints.engine.Engine._launch_scheduler_processes"
 ENGINE_SHUTDOWN = "sglang.srt.entrypoints.engine.Engine.shutdown"
 LEADER_SERVER_INFO = "sglang.srt.entrypoints.grpc_bridge.RuntimeHandle.get_server_info"
 
@@ -83,12 +82,7 @@ def _launch_hooks(names: list[str]) -> dict[str, tuple[_hooks.Hook, ...]]:
         "leader_grpc": (_hooks.Hook(LEADER_SERVER_INFO, leader_server_info, "REPLACE"),),
         "follower": (_hooks.Hook(ENGINE_SHUTDOWN, before_engine_shutdown, "BEFORE"),),
     }
-    if "leader_sidecar" in names:
-        # Imported only where a sidecar runs: the supervisor is most of the overlay's code.
-        from sglang_sidecar_overlay.adapters import _sidecar
-
-        groups["leader_sidecar"] = _sidecar.LEADER_HOOKS
-    return groups
+    return _hooks.with_leader_sidecar(groups, names)
 
 
 def install_launch_hooks(names: list[str] | None = None) -> list[str]:
@@ -210,11 +204,5 @@ CHILD_HOOKS = {
 }
 
 
-def register(registry: Any, hook_type: Any, *, main_process: bool) -> None:
-    """``load_plugins()``: the launch hook in the engine process, else the child groups."""
-    if main_process:
-        hook = _hooks.Hook(LAUNCH_SCHEDULERS, around_launch_schedulers, "AROUND")
-        _hooks.register(registry, hook_type, [hook])
-        return
-    for name in _hooks.child_groups(CHILD_HOOKS):
-        _hooks.register(registry, hook_type, CHILD_HOOKS[name])
+# load_plugins(): the launch hook in the engine process, else the child groups.
+register = _hooks.process_registration(around_launch_schedulers, CHILD_HOOKS)

@@ -47,7 +47,6 @@ BUILD_SERVER_INFO = "sglang.srt.utils.common.build_server_info"
 START_FOLLOWER = "sglang.srt.utils.common.start_follower_grpc_server"
 LEADER_SERVER_INFO = "sglang.srt.entrypoints.grpc_bridge.RuntimeHandle.get_server_info"
 LEADER_JSON_ATTR = "_sidecar_overlay_server_info_json"
-LAUNCH_SCHEDULERS = "sglang.srt.entrypoints.engine.Engine._launch_scheduler_processes"
 
 
 class CurrentLaunch:
@@ -121,12 +120,7 @@ def _launch_hooks(names: list[str]) -> dict[str, tuple[_hooks.Hook, ...]]:
         "leader_grpc": (_hooks.Hook(LEADER_SERVER_INFO, around_leader_server_info, "AROUND"),),
         "follower": (_hooks.Hook(START_FOLLOWER, around_start_follower, "AROUND"),),
     }
-    if "leader_sidecar" in names:
-        # Imported only where a sidecar runs: the supervisor is most of the overlay's code.
-        from sglang_sidecar_overlay.adapters import _sidecar
-
-        groups["leader_sidecar"] = _sidecar.LEADER_HOOKS
-    return groups
+    return _hooks.with_leader_sidecar(groups, names)
 
 
 def install_launch_hooks(names: list[str] | None = None) -> list[str]:
@@ -164,11 +158,5 @@ def around_launch_schedulers(original: Any, cls: Any, server_args: Any, *args: A
 CHILD_HOOKS = {"prefill_sender": _disagg_dp_rank.HOOKS}
 
 
-def register(registry: Any, hook_type: Any, *, main_process: bool) -> None:
-    """``load_plugins()``: the launch hook in the engine process, else the child groups."""
-    if main_process:
-        hook = _hooks.Hook(LAUNCH_SCHEDULERS, around_launch_schedulers, "AROUND")
-        _hooks.register(registry, hook_type, [hook])
-        return
-    for name in _hooks.child_groups(CHILD_HOOKS):
-        _hooks.register(registry, hook_type, CHILD_HOOKS[name])
+# load_plugins(): the launch hook in the engine process, else the child groups.
+register = _hooks.process_registration(around_launch_schedulers, CHILD_HOOKS)

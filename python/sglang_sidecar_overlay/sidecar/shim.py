@@ -1,10 +1,10 @@
 """The group-leading shim that runs a ``--sidecar`` provider (child side; stdlib only).
 
-What runs where: the server's supervisor thread (``sidecar.py``) starts this module in a fresh
-interpreter, in a new session, so this shim leads the sidecar's process group. The shim becomes a
-child subreaper, arms PR_SET_PDEATHSIG, re-checks ``getppid()``, reads the launch spec from the
-control pipe, then forks the provider: the fork imports the provider module and calls its
-``main(argv)``. The shim itself never runs provider code, so it can always clean up.
+What runs where: the server's supervisor thread (``supervisor.py``) starts this module in a
+fresh interpreter, in a new session, so this shim leads the sidecar's process group. The shim
+becomes a child subreaper, arms PR_SET_PDEATHSIG, re-checks ``getppid()``, reads the launch spec
+from the control pipe, then forks the provider: the fork imports the provider module and calls
+its ``main(argv)``. The shim itself never runs provider code, so it can always clean up.
 
 When it stops:
 - the provider exits -> every remaining descendant is SIGKILLed and reaped, then the shim exits

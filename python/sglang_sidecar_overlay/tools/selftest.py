@@ -5,8 +5,9 @@ What runs, all inside this process and on loopback:
 1. two stand-in KV-event publishers bind a PUB and a replay ROUTER socket each, the way an
    SGLang scheduler's ``ZmqEventPublisher`` does (wildcard TCP bind, port read back from
    ``LAST_ENDPOINT``, replay framing of SGLang 0.5.22+);
-2. the core builder (``kv_sources`` + ``metadata``) turns them into the server info of a
-   follower node (node_rank 1 of 2, attention-DP 4, this node owning ranks 2 and 3);
+2. the core builder (``contract.sources`` + ``contract.server_info``) turns them into the
+   server info of a follower node (node_rank 1 of 2, attention-DP 4, this node owning ranks 2
+   and 3);
 3. the native metadata server serves that snapshot with grpc.health.v1;
 4. ``probe`` runs against it, listening while the publishers publish, exactly as an
    operator's ``probe --listen`` would;

@@ -34,6 +34,8 @@ from sglang_sidecar_overlay.tools.probe.report import (
     Finding,
     ProbeError,
     ProbeReport,
+    count_level,
+    passes,
 )
 from sglang_sidecar_overlay.tools.probe.rpc import DEFAULT_TIMEOUT, parse_target
 
@@ -83,13 +85,12 @@ class GroupReport:
     rank_space_size: int | None = None
 
     def count(self, level: str) -> int:
-        return sum(1 for finding in self.findings if finding.level == level)
+        return count_level(self.findings, level)
 
     @property
     def ok(self) -> bool:
-        if self.count(ERROR) or not all(node.ok for node in self.nodes):
-            return False
-        return not (self.strict and self.count(WARNING))
+        """Every node passed its own probe and the group's findings pass."""
+        return all(node.ok for node in self.nodes) and passes(self.findings, strict=self.strict)
 
     def exit_code(self) -> int:
         """0 all good; 1 a problem (a node down counts); 3 no node could be probed at all."""

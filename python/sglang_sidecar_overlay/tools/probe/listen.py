@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from sglang_sidecar_overlay.tools.probe.report import ERROR, INFO, OK, WARNING, Finding, RankTraffic
+from sglang_sidecar_overlay.tools.probe.report import INFO, OK, CheckFindings, Finding, RankTraffic
 
 __all__ = [
     "REPLAY_END_SEQ",
@@ -234,76 +234,56 @@ def listen(
 
 
 def traffic_findings(traffic: Sequence[RankTraffic], seconds: float) -> list[Finding]:
+    """One check per advertised rank: an OK summary line when nothing is wrong, else an INFO
+    summary line followed by the problems, each naming the source's field."""
     found: list[Finding] = []
     for item in traffic:
-        name = f"rank {item.dp_rank}"
-        prefix = f"kv_event_sources[{item.index}]"
+        rank = _rank_problems(item, seconds)
         summary = (
             f"{item.batches} batches / {item.events} events live, "
             f"{item.replay_batches} batches / {item.replay_events} events replayed, "
             f"highest seq {item.highest_seq if item.highest_seq is not None else '-'}"
         )
-        problems: list[Finding] = []
-        if item.rank_matches is False:
-            stamped = sorted(item.stamped_ranks)
-            problems.append(
-                Finding(
-                    ERROR,
-                    name,
-                    f"{prefix}.dp_rank",
-                    f"batches are stamped with rank(s) {stamped}, advertised {item.dp_rank}",
-                )
-            )
-        if item.bad_messages:
-            problems.append(
-                Finding(
-                    ERROR,
-                    name,
-                    f"{prefix}.endpoint",
-                    f"{item.bad_messages} undecodable message(s): {item.last_bad}",
-                )
-            )
-        if item.replay == "requested":
-            problems.append(
-                Finding(
-                    ERROR,
-                    name,
-                    f"{prefix}.replay_endpoint",
-                    f"no complete replay from {item.replay_endpoint} within {seconds:g}s",
-                )
-            )
-        if item.batches + item.replay_batches == 0:
-            problems.append(
-                Finding(WARNING, name, prefix, f"no events within {seconds:g}s (idle publisher?)")
-            )
-        if item.unstamped_batches:
-            problems.append(
-                Finding(
-                    WARNING,
-                    name,
-                    f"{prefix}.dp_rank",
-                    f"{item.unstamped_batches} batch(es) carry no rank stamp",
-                )
-            )
-        if item.seq_gaps:
-            problems.append(
-                Finding(WARNING, name, prefix, f"{item.seq_gaps} gap(s) in live sequence numbers")
-            )
-        if item.seq_resets:
-            problems.append(
-                Finding(
-                    WARNING,
-                    name,
-                    prefix,
-                    f"live sequence numbers started over {item.seq_resets} time(s) "
-                    "(publisher restarted)",
-                )
-            )
         # The summary line names the rank, not a field: problems below carry the fields.
-        if not problems:
+        line = CheckFindings(rank.check)
+        if not rank.found:
             stamp = "stamped rank matches" if item.rank_matches else "no rank stamp seen"
-            found.append(Finding(OK, name, None, f"{summary}, {stamp}"))
+            line.add(OK, None, f"{summary}, {stamp}")
         else:
-            found.append(Finding(INFO, name, None, summary))
-            found += problems
+            line.add(INFO, None, summary)
+        found += line.found + rank.found
     return found
+
+
+def _rank_problems(item: RankTraffic, seconds: float) -> CheckFindings:
+    rank = CheckFindings(f"rank {item.dp_rank}")
+    source = ("kv_event_sources", item.index)
+    if item.rank_matches is False:
+        stamped = sorted(item.stamped_ranks)
+        rank.error(
+            (*source, "dp_rank"),
+            f"batches are stamped with rank(s) {stamped}, advertised {item.dp_rank}",
+        )
+    if item.bad_messages:
+        rank.error(
+            (*source, "endpoint"), f"{item.bad_messages} undecodable message(s): {item.last_bad}"
+        )
+    if item.replay == "requested":
+        rank.error(
+            (*source, "replay_endpoint"),
+            f"no complete replay from {item.replay_endpoint} within {seconds:g}s",
+        )
+    if item.batches + item.replay_batches == 0:
+        rank.warning(source, f"no events within {seconds:g}s (idle publisher?)")
+    if item.unstamped_batches:
+        rank.warning(
+            (*source, "dp_rank"), f"{item.unstamped_batches} batch(es) carry no rank stamp"
+        )
+    if item.seq_gaps:
+        rank.warning(source, f"{item.seq_gaps} gap(s) in live sequence numbers")
+    if item.seq_resets:
+        rank.warning(
+            source,
+            f"live sequence numbers started over {item.seq_resets} time(s) (publisher restarted)",
+        )
+    return rank

@@ -11,6 +11,7 @@ and derives its OK line.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from sglang_sidecar_overlay.tools.exit_codes import EXIT_OK, EXIT_PROBLEM, EXIT_UNREACHABLE
@@ -26,7 +27,9 @@ __all__ = [
     "ProbeError",
     "ProbeReport",
     "RankTraffic",
+    "count_level",
     "field_path",
+    "passes",
 ]
 
 OK = "ok"
@@ -45,6 +48,17 @@ def field_path(location: Location) -> str:
     for part in location:
         text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
     return text
+
+
+def count_level(findings: Iterable[Finding], level: str) -> int:
+    return sum(1 for finding in findings if finding.level == level)
+
+
+def passes(findings: Sequence[Finding], *, strict: bool) -> bool:
+    """The verdict on findings: no error, and no warning either when ``strict``."""
+    if count_level(findings, ERROR):
+        return False
+    return not (strict and count_level(findings, WARNING))
 
 
 class ProbeError(Exception):
@@ -173,14 +187,12 @@ class ProbeReport:
     traffic: list[RankTraffic] = dataclasses.field(default_factory=list)
 
     def count(self, level: str) -> int:
-        return sum(1 for finding in self.findings if finding.level == level)
+        return count_level(self.findings, level)
 
     @property
     def ok(self) -> bool:
-        """Nothing wrong: no error, and no warning either when ``strict``."""
-        if self.error is not None or self.count(ERROR):
-            return False
-        return not (self.strict and self.count(WARNING))
+        """Nothing wrong: probed, no error, and no warning either when ``strict``."""
+        return self.error is None and passes(self.findings, strict=self.strict)
 
     def exit_code(self) -> int:
         """0 all good, 1 the node answered but something is wrong, 3 it could not be probed."""
