@@ -11,6 +11,7 @@ import argparse
 import contextlib
 import statistics
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -67,19 +68,30 @@ def interleaved(
     return points
 
 
+@contextlib.contextmanager
+def servers_of_size(
+    kinds: tuple[str, ...], size: int, extension: str, settle: float = 0.0
+) -> Iterator[tuple[dict[str, ServerProcess], int]]:
+    """Every server of ``kinds`` serving a ``size``-byte snapshot, each checked to answer with
+    exactly it after ``settle`` seconds; and the bytes of the reply the load client expects."""
+    json_info = snapshot(size)
+    with contextlib.ExitStack() as stack:
+        servers = {k: stack.enter_context(server_process(k, size, extension)) for k in kinds}
+        time.sleep(settle)
+        for server in servers.values():
+            check_bytes(server.port, json_info)
+        yield servers, len(encoded_response(json_info))
+
+
 def measure(client: Path, extension: str, args: argparse.Namespace) -> dict[str, Any]:
     """Rows 1 and 2. Servers of one size run side by side; each round visits them in turn."""
     points: dict[str, Any] = {}
     memory: dict[str, Any] = {}
     for label, size in SIZES.items():
-        json_info = snapshot(size)
-        expect = len(encoded_response(json_info))
-        with contextlib.ExitStack() as stack:
-            servers = {k: stack.enter_context(server_process(k, size, extension)) for k in SERVERS}
-            time.sleep(1.0)
-            for kind, server in servers.items():
-                check_bytes(server.port, json_info)
-                if label == "20 KB":
+        # Settled first: the idle memory is read a second after the servers started.
+        with servers_of_size(SERVERS, size, extension, settle=1.0) as (servers, expect):
+            if label == "20 KB":
+                for kind, server in servers.items():
                     memory[kind] = {"before": server.before, "idle": proc_status(server.pid)}
             points.update(interleaved(client, servers, label, expect, args))
             if label == "1 MiB":

@@ -8,13 +8,11 @@ the pre-encoded message through a codec: one copy per call).
 from __future__ import annotations
 
 import argparse
-import contextlib
 from pathlib import Path
 from typing import Any
 
 from bench.common import ratio
-from bench.load import SIZES, interleaved
-from bench.servers import check_bytes, encoded_response, server_process, snapshot
+from bench.load import SIZES, interleaved, servers_of_size
 
 SHAPES = ("ours", "ours-generated")
 
@@ -22,12 +20,7 @@ SHAPES = ("ours", "ours-generated")
 def measure(client: Path, extension: str, args: argparse.Namespace) -> dict[str, Any]:
     points: dict[str, Any] = {}
     for label, size in SIZES.items():
-        json_info = snapshot(size)
-        expect = len(encoded_response(json_info))
-        with contextlib.ExitStack() as stack:
-            servers = {k: stack.enter_context(server_process(k, size, extension)) for k in SHAPES}
-            for server in servers.values():
-                check_bytes(server.port, json_info)
+        with servers_of_size(SHAPES, size, extension) as (servers, expect):
             points.update(interleaved(client, servers, label, expect, args))
     return points
 

@@ -6,7 +6,6 @@ import errno
 import json
 import socket
 import threading
-from collections.abc import Iterator
 
 import grpc
 import pytest
@@ -20,15 +19,6 @@ UPSTREAM_RPCS = [
     if line and not line.startswith("#")
 ]
 SNAPSHOT = json.dumps({"node_rank": 1, "nnodes": 2, "kv_event_sources": []})
-
-
-@pytest.fixture
-def server() -> Iterator[MetadataServer]:
-    srv = start_metadata_server("127.0.0.1", 0, SNAPSHOT)
-    try:
-        yield srv
-    finally:
-        srv.shutdown()
 
 
 def target(srv: MetadataServer) -> str:
