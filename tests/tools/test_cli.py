@@ -88,14 +88,24 @@ def test_probe_passes_against_a_live_node() -> None:
 
 
 def _mutate(info: dict, rule: str) -> str:
-    sources = info["kv_event_sources"]
     if rule == "unparsable JSON":
         return '{"node_rank": 1,'
     if rule == "node_rank >= nnodes":
         info["node_rank"] = 2
     elif rule == "multi-node without dist_init_addr":
         info["dist_init_addr"] = None
-    elif rule == "rank outside the rank space":
+    elif rule == "block size differs from kv_events":
+        info["kv_events"]["block_size"] = 64
+    elif rule == "no kv_event_sources":
+        del info["kv_event_sources"]
+    else:
+        _break_sources(info, rule)
+    return json.dumps(info)
+
+
+def _break_sources(info: dict, rule: str) -> None:
+    sources = info["kv_event_sources"]
+    if rule == "rank outside the rank space":
         sources[1]["dp_rank"] = 4
         info["kv_event_rank_space"]["local_ranks"] = [2, 4]
     elif rule == "duplicate rank":
@@ -114,11 +124,6 @@ def _mutate(info: dict, rule: str) -> str:
         sources[0]["block_size"] = 0
     elif rule == "unequal block sizes":
         sources[1]["block_size"] = 32
-    elif rule == "block size differs from kv_events":
-        info["kv_events"]["block_size"] = 64
-    elif rule == "no kv_event_sources":
-        del info["kv_event_sources"]
-    return json.dumps(info)
 
 
 BROKEN = [

@@ -32,10 +32,11 @@ SCHEMA_RESOURCE = "server-info.schema.json"
 ENDPOINT_FORMAT = "kv-event-endpoint"
 
 
-def load_schema() -> dict:
+def load_schema() -> dict[str, Any]:
     """The JSON Schema of the server-info contract, shipped inside the package."""
     text = resources.files(__package__).joinpath(SCHEMA_RESOURCE).read_text(encoding="utf-8")
-    return json.loads(text)
+    schema: dict[str, Any] = json.loads(text)
+    return schema
 
 
 def _is_integer(_checker: Any, value: Any) -> bool:
@@ -53,7 +54,7 @@ def _is_endpoint(value: Any) -> bool:
     return not isinstance(value, str) or not endpoint_problems(value)
 
 
-def contract_validator(schema: dict | None = None) -> Any:
+def contract_validator(schema: dict[str, Any] | None = None) -> Any:
     """A ``jsonschema`` Draft 2020-12 validator of ``schema`` (default: the contract's).
 
     Reads ``integer``/``number`` strictly and checks ``format: kv-event-endpoint`` with the
@@ -72,4 +73,5 @@ def _validator_class() -> Any:
 
     base = jsonschema.Draft202012Validator
     types = base.TYPE_CHECKER.redefine_many({"integer": _is_integer, "number": _is_number})
-    return jsonschema.validators.extend(base, type_checker=types)
+    # jsonschema types extend() loosely (no annotations): the class it makes is ours to type.
+    return jsonschema.validators.extend(base, type_checker=types)  # type: ignore[no-untyped-call]

@@ -64,7 +64,7 @@ def legacy_dp_size_enabled(environ: Mapping[str, str] | None = None) -> bool:
 # --- rank space --------------------------------------------------------------------------------
 
 
-def rank_space(server_args: Mapping[str, Any], local_ranks: Iterable[int]) -> dict:
+def rank_space(server_args: Mapping[str, Any], local_ranks: Iterable[int]) -> dict[str, Any]:
     """``kv_event_rank_space``: the width of the publisher-rank space and this node's ranks.
 
     ``attn_dp_size`` present (0.5.22+): ``dp_size`` counts replicas and ``attn_dp_size``
@@ -119,9 +119,9 @@ def build_server_info(
     incarnation: Incarnation | Mapping[str, Any],
     launch_command: str | None = None,
     kv_events: Mapping[str, Any] | None = None,
-    kv_event_sources: Iterable[Mapping] | None = None,
+    kv_event_sources: Iterable[Mapping[str, Any]] | None = None,
     legacy_dp_size: bool = False,
-) -> dict:
+) -> dict[str, Any]:
     """The redacted, JSON-ready ``GetServerInfo`` object of one node.
 
     ``incarnation`` is the launch this snapshot belongs to (``contract.incarnation``): the
@@ -152,7 +152,8 @@ def build_server_info(
     if legacy_dp_size:
         # Pre-0.5.22 meaning for consumers that check dp_rank < dp_size.
         info["dp_size"] = space["size"]
-    return redact(to_jsonable(info))
+    built: dict[str, Any] = redact(to_jsonable(info))
+    return built
 
 
 def to_jsonable(value: Any) -> Any:

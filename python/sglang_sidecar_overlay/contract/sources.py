@@ -45,7 +45,7 @@ def describe_source(
     block_size: int,
     replay_endpoint: str | None = None,
     encoding: str = DEFAULT_ENCODING,
-) -> dict | None:
+) -> dict[str, Any] | None:
     """One ``kv_event_sources`` entry for a bound publisher, or None when not subscribable.
 
     ``bound_endpoint`` and ``replay_endpoint`` are what the sockets report after bind
@@ -97,7 +97,7 @@ def _check_encoding(encoding: Any) -> None:
         )
 
 
-def aggregate_sources(sources: Iterable[Mapping]) -> list[dict]:
+def aggregate_sources(sources: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """A node's sources: exact duplicates dropped, sorted by ``dp_rank``, conflicts refused.
 
     Every returned entry carries ``encoding``; an entry without one gets ``DEFAULT_ENCODING``.
@@ -106,8 +106,8 @@ def aggregate_sources(sources: Iterable[Mapping]) -> list[dict]:
     address (endpoint or replay endpoint) is claimed by two ranks; ``ValueError`` for a
     malformed entry.
     """
-    by_rank: dict[int, dict] = {}
-    owner_of_address: dict[str, dict] = {}
+    by_rank: dict[int, dict[str, Any]] = {}
+    owner_of_address: dict[str, dict[str, Any]] = {}
     for raw in sources:
         source = _checked_source(raw)
         known = by_rank.get(source["dp_rank"])
@@ -128,7 +128,7 @@ def aggregate_sources(sources: Iterable[Mapping]) -> list[dict]:
     return [by_rank[rank] for rank in sorted(by_rank)]
 
 
-def _addresses(source: Mapping) -> list[str]:
+def _addresses(source: Mapping[str, Any]) -> list[str]:
     addresses = [source["endpoint"]]
     replay = source.get("replay_endpoint")
     if replay is not None and replay != source["endpoint"]:
@@ -136,7 +136,7 @@ def _addresses(source: Mapping) -> list[str]:
     return addresses
 
 
-def _checked_source(raw: Mapping) -> dict:
+def _checked_source(raw: Mapping[str, Any]) -> dict[str, Any]:
     """A plain-dict copy of one entry, with its shape and endpoints checked."""
     if not isinstance(raw, Mapping):
         raise ValueError(f"a KV source must be a mapping, got {raw!r}")
@@ -162,7 +162,7 @@ def _checked_source(raw: Mapping) -> dict:
     return source
 
 
-def _check_advertisable(endpoint: Any, raw: Mapping) -> None:
+def _check_advertisable(endpoint: Any, raw: Mapping[str, Any]) -> None:
     # Entries must already be in advertised form: a wildcard or relative path here would
     # reach consumers unchanged.
     if not isinstance(endpoint, str) or normalize_endpoint(endpoint) != endpoint:

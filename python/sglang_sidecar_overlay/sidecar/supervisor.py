@@ -170,7 +170,7 @@ class SidecarOptions:
 
 def backoff_delay(restarts_in_window: int, rng: random.Random | None = None) -> float:
     """Delay before the next restart: 1 s doubling per recent restart, capped at 30 s, + jitter."""
-    base = min(BACKOFF_CAP, BACKOFF_BASE * 2 ** max(0, restarts_in_window))
+    base = min(BACKOFF_CAP, BACKOFF_BASE * 2.0 ** max(0, restarts_in_window))
     return base * (1.0 + (rng or random).uniform(0.0, BACKOFF_JITTER))
 
 
