@@ -70,6 +70,7 @@ rust-check:
 python-lint: $(LINT_STAMP) type-check stub-check
 	$(VENV)/bin/ruff check python tests test-registered scripts
 	$(VENV)/bin/ruff format --check python tests test-registered scripts
+	$(PYTHON) scripts/import_cycles.py
 
 # mypy --strict on contract/, server/ and sidecar/ (the files and settings are pyproject's).
 type-check: $(LINT_STAMP)

@@ -34,8 +34,6 @@ from typing import Any, NamedTuple
 from sglang_sidecar_overlay.entry_point import DIST_NAME, PLUGIN_NAME
 
 CHILD_HOOKS_ENV = "SGLANG_SIDECAR_OVERLAY_CHILD_HOOKS"
-# The one target the engine process hooks at load_plugins(), on every supported release.
-LAUNCH_SCHEDULERS = "sglang.srt.entrypoints.engine.Engine._launch_scheduler_processes"
 
 
 # A NamedTuple, not a dataclass: every process that loads the plugin defines it, and a
@@ -51,35 +49,6 @@ class Hook(NamedTuple):
 def register(registry: Any, hook_type: Any, hooks: Iterable[Hook], **kwargs: Any) -> None:
     for hook in hooks:
         registry.register(hook.target, hook.fn, getattr(hook_type, hook.kind), **kwargs)
-
-
-def process_registration(
-    around_launch: Callable[..., Any], child_hooks: Mapping[str, Sequence[Hook]]
-) -> Callable[..., None]:
-    """An adapter's ``register(registry, hook_type, *, main_process)``: what ``load_plugins()``
-    registers, in the engine process the launch hook alone (``around_launch`` on
-    :data:`LAUNCH_SCHEDULERS`), elsewhere the child groups the process's launch exported."""
-
-    def register_hooks(registry: Any, hook_type: Any, *, main_process: bool) -> None:
-        if main_process:
-            register(registry, hook_type, [Hook(LAUNCH_SCHEDULERS, around_launch, "AROUND")])
-            return
-        for name in child_groups(child_hooks):
-            register(registry, hook_type, child_hooks[name])
-
-    return register_hooks
-
-
-def with_leader_sidecar(
-    groups: dict[str, tuple[Hook, ...]], names: Iterable[str]
-) -> dict[str, tuple[Hook, ...]]:
-    """``groups`` plus the ``leader_sidecar`` group when ``names`` asks for it."""
-    if "leader_sidecar" in names:
-        # Imported only where a sidecar runs: the supervisor is most of the overlay's code.
-        from sglang_sidecar_overlay.adapters import _sidecar
-
-        groups["leader_sidecar"] = _sidecar.LEADER_HOOKS
-    return groups
 
 
 def child_groups(all_groups: Iterable[str]) -> list[str]:

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sglang_sidecar_overlay.adapters import _disagg_dp_rank, _hooks, _sglang, _side_channel
+from sglang_sidecar_overlay.adapters import _disagg_dp_rank, _hooks, _launch, _sglang, _side_channel
 
 PUBLISHER_SETUP = "sglang.srt.disaggregation.kv_events.ZmqEventPublisher._socket_setup"
 GET_INIT_INFO = "sglang.srt.managers.scheduler.Scheduler.get_init_info"
@@ -82,7 +82,7 @@ def _launch_hooks(names: list[str]) -> dict[str, tuple[_hooks.Hook, ...]]:
         "leader_grpc": (_hooks.Hook(LEADER_SERVER_INFO, leader_server_info, "REPLACE"),),
         "follower": (_hooks.Hook(ENGINE_SHUTDOWN, before_engine_shutdown, "BEFORE"),),
     }
-    return _hooks.with_leader_sidecar(groups, names)
+    return _launch.with_leader_sidecar(groups, names)
 
 
 def install_launch_hooks(names: list[str] | None = None) -> list[str]:
@@ -205,4 +205,4 @@ CHILD_HOOKS = {
 
 
 # load_plugins(): the launch hook in the engine process, else the child groups.
-register = _hooks.process_registration(around_launch_schedulers, CHILD_HOOKS)
+register = _launch.process_registration(around_launch_schedulers, CHILD_HOOKS)

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sglang_sidecar_overlay.adapters import _disagg_dp_rank, _hooks, _sglang
+from sglang_sidecar_overlay.adapters import _disagg_dp_rank, _hooks, _launch, _sglang
 
 BUILD_SERVER_INFO = "sglang.srt.utils.common.build_server_info"
 START_FOLLOWER = "sglang.srt.utils.common.start_follower_grpc_server"
@@ -120,7 +120,7 @@ def _launch_hooks(names: list[str]) -> dict[str, tuple[_hooks.Hook, ...]]:
         "leader_grpc": (_hooks.Hook(LEADER_SERVER_INFO, around_leader_server_info, "AROUND"),),
         "follower": (_hooks.Hook(START_FOLLOWER, around_start_follower, "AROUND"),),
     }
-    return _hooks.with_leader_sidecar(groups, names)
+    return _launch.with_leader_sidecar(groups, names)
 
 
 def install_launch_hooks(names: list[str] | None = None) -> list[str]:
@@ -159,4 +159,4 @@ CHILD_HOOKS = {"prefill_sender": _disagg_dp_rank.HOOKS}
 
 
 # load_plugins(): the launch hook in the engine process, else the child groups.
-register = _hooks.process_registration(around_launch_schedulers, CHILD_HOOKS)
+register = _launch.process_registration(around_launch_schedulers, CHILD_HOOKS)
