@@ -15,6 +15,7 @@ import pytest
 from conftest import ROOT
 from sglang_sidecar_overlay import _native
 from sglang_sidecar_overlay._native import DEFAULT_LIMITS, start_metadata_server
+from sglang_sidecar_overlay.tools.probe import wire
 
 STUB = ROOT / "python" / "sglang_sidecar_overlay" / "_native.pyi"
 SECURITY_DOC = ROOT / "docs" / "security.md"
@@ -166,7 +167,7 @@ def test_both_implementations_answer_with_the_snapshot(implementation: str) -> N
         start_metadata_server("127.0.0.1", 0, snapshot, implementation=implementation) as server,
         grpc.insecure_channel(f"127.0.0.1:{server.port}") as channel,
     ):
-        raw = channel.unary_unary("/sglang.runtime.v1.SglangService/GetServerInfo")(b"", timeout=10)
+        raw = channel.unary_unary(wire.GET_SERVER_INFO_PATH)(b"", timeout=10)
     # GetServerInfoResponse: field 1, length-delimited, then the JSON text.
     assert raw.endswith(snapshot.encode())
     assert raw[0] == 0x0A
