@@ -24,8 +24,9 @@ session (``sglang_envs.py test --patched``) is built here too: :func:`patched_se
     scripts/patches.py base DIR                 a scratch repo at DIR for editing the series
     scripts/patches.py pr-descriptions          README's PR texts from the commit messages
     scripts/patches.py series-tests             the series' own test/registered files, rebuilt wheel
-    scripts/patches.py upstream-tests --tests-dir DIR
-                                                upstream's existing tests for the touched files
+    scripts/patches.py upstream-tests --tests-dir DIR [--against both|stock|rebuilt]
+                                                upstream's existing tests for the touched files,
+                                                stock vs rebuilt (with patches/.../upstream-tests)
 """
 
 from __future__ import annotations
@@ -67,13 +68,18 @@ GIT_ENV = {
 }
 ZIP_DATE = (2026, 1, 1, 0, 0, 0)
 # Upstream's existing tests for the files the series touches (public in sgl-project/sglang,
-# not in the wheel): item of the equivalence check, run by ``upstream-tests``.
+# not in the wheel), run by ``upstream-tests`` from a local copy of upstream's ``test/``.
 UPSTREAM_TESTS = (
     "test/registered/unit/entrypoints/test_grpc_metadata.py",
     "test/registered/unit/server_args/test_server_args.py::TestGrpcServerArgs",
     "test/registered/unit/disaggregation/test_kv_events.py",
     "test/registered/unit/server_args/test_attn_dp_size.py",
+    "test/registered/unit/plugins/test_hook_registry.py",
+    "test/registered/unit/plugins/test_load_plugins.py",
 )
+# The series' changes to those files, which are not in the wheel and so not in the git-am
+# series: unified diffs in upstream's paths, applied to the copy the rebuilt wheel runs.
+UPSTREAM_TEST_CHANGES = "upstream-tests"
 
 
 def log(message: str) -> None:
@@ -387,20 +393,103 @@ def series_tests(release: str) -> int:
     return 1 if failed else 0
 
 
-def upstream_tests(release: str, tests_dir: Path, pytest_args: list[str]) -> int:
-    """Upstream's existing tests for the touched files, from a local copy of ``test/``."""
-    files = [test.split("::")[0] for test in UPSTREAM_TESTS]
-    missing = [name for name in files if not (tests_dir / name).is_file()]
+def _scratch_tests(tests_dir: Path, files: list[str], target: Path) -> None:
+    shutil.rmtree(target, ignore_errors=True)
+    for name in files:
+        (target / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(tests_dir / name, target / name)
+
+
+def _apply_test_changes(release: str, target: Path, files: list[str]) -> list[str]:
+    """Apply the series' changes to upstream's tests present in ``target``; their names."""
+    applied = []
+    for change in sorted((series_dir(release) / UPSTREAM_TEST_CHANGES).glob("*.patch")):
+        touched = [
+            line[len("+++ b/") :].strip()
+            for line in change.read_text().splitlines()
+            if line.startswith("+++ b/")
+        ]
+        if not all(name in files for name in touched):
+            log(f"{change.name}: not applied ({', '.join(touched)} not in the local copy)")
+            continue
+        result = subprocess.run(
+            ["git", "apply", "--verbose", str(change.resolve())],
+            cwd=target,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if result.returncode != 0:
+            raise SystemExit(f"{change.name} does not apply to the local copy:\n{result.stderr}")
+        applied.append(change.name)
+    return applied
+
+
+def _run_upstream_test(python: Path, root: Path, selector: str, extra: list[str]) -> dict:
+    """One selector's pytest run: its summary line and the ids that failed or errored."""
+    cmd = [str(python), "-m", "pytest", "-q", "-rfE", "-p", "no:cacheprovider", selector, *extra]
+    environ = {**os.environ, "SGLANG_PLUGINS": "none"}
+    result = subprocess.run(cmd, cwd=root, capture_output=True, text=True, env=environ, check=False)
+    lines = result.stdout.splitlines()
+    failed = sorted(
+        # "FAILED path::test - message", "SUBFAILED(case) path::test - message"
+        line.split(" - ", 1)[0].removeprefix("FAILED ").removeprefix("ERROR ")
+        for line in lines
+        if line.startswith(("FAILED ", "ERROR ", "SUBFAILED"))
+    )
+    summary = next((line.strip("= ") for line in reversed(lines) if " in " in line), "no summary")
+    return {"code": result.returncode, "summary": summary, "failed": failed}
+
+
+def upstream_tests(release: str, tests_dir: Path, against: str, pytest_args: list[str]) -> int:
+    """Upstream's existing tests for the touched files, from a local copy of ``test/``.
+
+    ``stock`` runs them unchanged on the released wheel, ``rebuilt`` runs them, with the
+    series' changes to them applied, on the rebuilt wheel; ``both`` compares the two. Exit
+    status 0 when the rebuilt side fails exactly what the stock side fails (the stored tests
+    may be newer than the release), 1 otherwise, 2 when no listed file is in the copy.
+    """
+    files = sorted({test.split("::")[0] for test in UPSTREAM_TESTS})
+    present = [name for name in files if (tests_dir / name).is_file()]
+    missing = [name for name in files if name not in present]
     if missing:
         log(
-            f"upstream's tests are not in {tests_dir}: {', '.join(missing)}. Copy "
-            "sgl-project/sglang's test/ directory at the v0.5.23 tag there (they are not in the "
-            "wheel, and this check never fetches them)."
+            f"not in {tests_dir}, not run: {', '.join(missing)}. Copy sgl-project/sglang's "
+            "test/ directory at the v0.5.23 tag there (it is not in the wheel, and this check "
+            "never fetches it)."
         )
+    if not present:
         return 2
-    _, env = patched_env(release)
-    cmd = [str(env / "bin" / "python"), "-m", "pytest", "-q", *UPSTREAM_TESTS, *pytest_args]
-    return subprocess.run(cmd, cwd=tests_dir).returncode
+    sides = ["stock", "rebuilt"] if against == "both" else [against]
+    scratch = cache_root() / "patched" / f"upstream-tests-{release}"
+    results: dict[str, dict[str, dict]] = {}
+    for side in sides:
+        root = scratch / side
+        _scratch_tests(tests_dir, present, root)
+        if side == "rebuilt":
+            for name in _apply_test_changes(release, root, present):
+                log(f"applied {name} to the rebuilt side's copy")
+            python = patched_env(release)[1] / "bin" / "python"
+        else:
+            python = envs.build_env(release) / "bin" / "python"
+        for selector in UPSTREAM_TESTS:
+            if selector.split("::")[0] in present:
+                outcome = _run_upstream_test(python, root, selector, pytest_args)
+                results.setdefault(selector, {})[side] = outcome
+                log(f"{side}: {selector}: {outcome['summary']}")
+                for test in outcome["failed"]:
+                    log(f"{side}:     failed {test}")
+    if against != "both":
+        return 1 if any(outcome[against]["code"] != 0 for outcome in results.values()) else 0
+    differing = [
+        selector
+        for selector, outcome in results.items()
+        if outcome["rebuilt"]["failed"] != outcome["stock"]["failed"]
+    ]
+    for selector in differing:
+        log(f"rebuilt differs from stock: {selector}")
+    log(f"{len(results) - len(differing)} of {len(results)} as on stock {release}")
+    return 1 if differing else 0
 
 
 PR_SECTION = "## PR descriptions (ready to paste)"
@@ -441,6 +530,13 @@ def main(argv: list[str] | None = None) -> int:
     commands.add_parser("series-tests", help="the series' own tests against the rebuilt wheel")
     upstream = commands.add_parser("upstream-tests", help="upstream's tests of touched files")
     upstream.add_argument("--tests-dir", type=Path, default=cache_root() / "upstream-sglang")
+    upstream.add_argument(
+        "--against",
+        choices=["both", "stock", "rebuilt"],
+        default="both",
+        help="run on the released wheel, the rebuilt one (with the series' test changes), or "
+        "both and compare (default)",
+    )
     upstream.add_argument("pytest_args", nargs="*")
     args = parser.parse_args(argv)
 
@@ -462,7 +558,7 @@ def main(argv: list[str] | None = None) -> int:
         return pr_descriptions(args.release)
     if args.command == "series-tests":
         return series_tests(args.release)
-    return upstream_tests(args.release, args.tests_dir.resolve(), args.pytest_args)
+    return upstream_tests(args.release, args.tests_dir.resolve(), args.against, args.pytest_args)
 
 
 if __name__ == "__main__":

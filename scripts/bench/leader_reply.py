@@ -5,8 +5,8 @@ rebuilt through the overlay's builder hook vs the overlay's cached text.
 
 Prints one JSON line: ``rebuilt`` and ``cached`` (s per call, five alternating rounds) and
 ``bytes``, or ``error``. SGLang's real ``RuntimeHandle.get_server_info`` runs on a leader's
-launch-time state (server args of a config-only tiny model from ``test-registered``'s harness,
-two KV sources); the handle is made without its ``__init__``, which starts the tokenizer's
+launch-time state (server args of the config-only tiny model of ``test-registered``'s
+harness, two KV sources); the handle is made without its ``__init__``, which starts the tokenizer's
 event loop.
 """
 
@@ -16,7 +16,6 @@ import argparse
 import importlib
 import json
 import sys
-import tempfile
 import time
 import types
 from pathlib import Path
@@ -28,17 +27,16 @@ ROUNDS = 5
 def leader_handle(harness: Path) -> tuple[Any, Any]:
     """(the adapter module, a ``RuntimeHandle`` on a leader's launch-time state)."""
     sys.path.insert(0, str(harness))
-    from overlay_harness.cluster import write_tiny_model
+    from overlay_harness.group import TINY_MODEL
     from sglang.srt.entrypoints.grpc_bridge import RuntimeHandle
     from sglang.srt.plugins import load_plugins
     from sglang.srt.server_args import prepare_server_args
     from sglang_sidecar_overlay import plugin
     from sglang_sidecar_overlay.adapters import _server_info
 
-    model = write_tiny_model(Path(tempfile.mkdtemp(prefix="bench-leader-")) / "tiny-llama")
     kv = json.dumps({"publisher": "zmq", "endpoint": "tcp://*:45557", "topic": ""})
     server_args = prepare_server_args(
-        ["--model-path", str(model), "--skip-tokenizer-init", "--device", "cpu", "--tp", "2",
+        ["--model-path", str(TINY_MODEL), "--skip-tokenizer-init", "--device", "cpu", "--tp", "2",
          "--dp", "2", "--enable-dp-attention", "--grpc-port", "45999", "--kv-events-config", kv]
     )  # fmt: skip
     server_args.resolve_once()

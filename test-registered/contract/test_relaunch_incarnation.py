@@ -1,9 +1,22 @@
-"""A relaunched node reports a new incarnation and the same rank space, through SGLang's real
-launch code (``overlay_harness``: real ``Engine`` launch, stand-in model runner, real
-``ZmqEventPublisher``s, the plugin loaded by SGLang's plugin framework).
+"""A relaunched group: every node reports a new incarnation and the same rank space.
 
-A consumer keys its view of a node by ``incarnation.id``: a new id says the publishers
-restarted (sequence numbers from 0, replay buffers empty), not that messages were lost.
+CPU-only: SGLang's real schedulers on the CPU test platform, a two-node TP 2 group (no DP
+attention: one scheduler per node, one publisher, on the leader's attention-TP rank 0), each
+node its own host, launched twice. A consumer keys its view of a node by ``incarnation.id``:
+a new id says the publishers restarted (sequence numbers from 0, replay buffers empty), not
+that messages were lost; within a launch it never changes.
+
+On 0.5.23 the leader also serves upstream's ``WatchEngineState``, whose snapshots carry an
+``instance_id`` (a Unix time in ns taken when the native gRPC server starts) and embed the
+server info: in every snapshot the two identities are paired (the embedded ``incarnation`` is
+``GetServerInfo``'s), the instance id stays the same across a revision change (pause, then
+continue generation) and is new, with a new incarnation, after the relaunch.
+
+The first launch also shows the follower that owns no publisher: it answers ``[]`` (valid:
+"this node owns no publisher"), and NVIDIA Dynamo's released sidecar, asked for with
+``--sidecar dynamo.sglang.sidecar --sidecar-on-followers``, never starts there. The second
+launch ends with the follower's schedulers killed: its health goes SERVING, NOT_SERVING, then
+the server closes.
 """
 
 import re
@@ -11,50 +24,110 @@ import time
 import unittest
 
 import jsonschema
-from overlay_harness import cluster
-from overlay_harness.cluster import EngineGroup
-from overlay_harness.testcase import TinyModelTestCase
+from overlay_harness import dynamo, nodes, probes
+from overlay_harness.checks import NodeInfoChecks
+from overlay_harness.group import EngineGroup
+from overlay_harness.testcase import NodesTestCase
 from sglang.test.ci.ci_register import register_cpu_ci
+from sglang_sidecar_overlay import releases
 from sglang_sidecar_overlay.contract import schema
 from sglang_sidecar_overlay.contract.incarnation import CONTRACT_VERSION
 
-register_cpu_ci(est_time=60, suite="base-a-test-cpu")
+register_cpu_ci(est_time=150, suite="base-a-test-cpu")
+
+TP2 = ["--tp", "2"]
+CONSUMER_ARGS = ["--sidecar-on-followers", "--grpc-endpoint", "unused"]
+# Upstream's WatchEngineState snapshot layout, checked where it exists (0.5.23).
+WATCH_ENGINE_STATE = (releases.installed_sglang_version() or "").startswith("0.5.23")
+REVISION_DEADLINE = 30.0
 
 
-class TestRelaunchIncarnation(TinyModelTestCase):
-    def launch_once(self, group: EngineGroup) -> tuple[dict, float, float]:
-        """Launch the node, read its server info, stop it; (info, launch began, ready at)."""
-        began = time.time()
-        with cluster.nodes(group.for_node(0)) as (node,):
-            node.expect_ready()
-            ready_at = time.time()
-            info = node.server_info()
-            # Asked again during the same launch: the same incarnation.
-            self.assertEqual(node.server_info()["incarnation"], info["incarnation"])
-        return info, began, ready_at
-
-    def test_relaunched_node_has_a_new_incarnation_and_the_same_rank_space(self):
-        # Ordinary DP 2 on one node: both publishers come through the DP controller.
-        group = EngineGroup(self.model, 1, ["--tp", "1", "--dp", "2"])
-        first, began_1, ready_1 = self.launch_once(group)
-        second, began_2, ready_2 = self.launch_once(group)
-        validator = jsonschema.Draft202012Validator(schema.load_schema())
-        for info, began, ready in ((first, began_1, ready_1), (second, began_2, ready_2)):
-            validator.validate(info)
-            self.assertEqual(info["contract_version"], CONTRACT_VERSION)
-            self.assertRegex(info["incarnation"]["id"], re.compile(r"^[0-9a-f]{32}$"))
-            # Chosen while the node launched, before it was ready.
-            self.assertGreaterEqual(info["incarnation"]["started_at"], began)
-            self.assertLessEqual(info["incarnation"]["started_at"], ready)
-            self.assertEqual({s["encoding"] for s in info["kv_event_sources"]}, {"msgpack"})
-        self.assertNotEqual(first["incarnation"]["id"], second["incarnation"]["id"])
-        self.assertGreater(second["incarnation"]["started_at"], first["incarnation"]["started_at"])
-        self.assertEqual(first["kv_event_rank_space"], second["kv_event_rank_space"])
-        self.assertEqual(first["kv_event_rank_space"]["local_ranks"], [0, 1])
-        strip = lambda info: [  # noqa: E731
-            {k: v for k, v in s.items() if k != "replay_endpoint"} for s in info["kv_event_sources"]
+class TestRelaunchIncarnation(NodesTestCase, NodeInfoChecks):
+    def launch_group(self, group: EngineGroup, last: bool) -> tuple[list[dict], float, float]:
+        """Launch both nodes, check them, read their infos; (infos, launch began, ready at).
+        On 0.5.23 the leader's ``WatchEngineState`` instance id goes to ``self.instances``."""
+        launches = [
+            group.launch(0),
+            group.launch(1, sidecar=dynamo.DYNAMO, sidecar_args=CONSUMER_ARGS),
         ]
-        self.assertEqual(strip(first), strip(second))
+        began = time.time()
+        with nodes.running(*launches, log_dir=self.workdir) as started:
+            for node in started:
+                node.expect_ready()
+            ready_at = time.time()
+            infos = [node.server_info() for node in started]
+            for rank, info in enumerate(infos):
+                self.assert_node_info(info, group, rank, [[0], []][rank])
+                # Asked again during the same launch: the same incarnation.
+                self.assertEqual(started[rank].server_info()["incarnation"], info["incarnation"])
+            if WATCH_ENGINE_STATE:
+                self.instances.append(self.paired_snapshot(started[0], infos[0]))
+                if not last:
+                    self.assert_instance_id_survives_a_revision(started[0], infos[0])
+            if not last:
+                self.assert_group_sources(started, infos)
+                log = started[1].log_text()
+                self.assertIn("owns no KV-event publisher", log)
+                self.assertNotIn("follower sidecar", log)
+            else:
+                self.assert_follower_lifecycle(started[1])
+        return infos, began, ready_at
+
+    def paired_snapshot(self, leader: nodes.Node, info: dict) -> int:
+        """The leader's current ``WatchEngineState`` snapshot embeds this launch's incarnation;
+        its instance id, a Unix time in ns after the launch began."""
+        snapshot = leader.inside(probes.engine_state, leader.grpc_port, leader.address)
+        self.assertEqual(snapshot["server_info"]["incarnation"], info["incarnation"])
+        instance = snapshot["instance_id"]
+        self.assertLess(info["incarnation"]["started_at"], instance / 1e9)
+        self.assertLess(instance / 1e9, time.time())
+        return instance
+
+    def assert_instance_id_survives_a_revision(self, leader: nodes.Node, info: dict) -> None:
+        before = leader.inside(probes.engine_state, leader.grpc_port, leader.address)
+        for path in ("/pause_generation", "/continue_generation"):
+            self.assertEqual(leader.inside(probes.http_post, leader.http_port, leader.address,
+                                           path), 200)  # fmt: skip
+        after = nodes.wait_for(
+            lambda: (s := leader.inside(probes.engine_state, leader.grpc_port, leader.address))[
+                "revision"
+            ]
+            > before["revision"]
+            and s,
+            REVISION_DEADLINE,
+            "pause and continue to change the revision",
+        )
+        self.assertEqual(after["instance_id"], before["instance_id"])
+        self.assertEqual(after["server_info"]["incarnation"], info["incarnation"])
+
+    def test_relaunched_nodes_have_new_incarnations_and_the_same_rank_space(self):
+        group = EngineGroup(2, TP2)
+        self.instances: list[int] = []
+        first, began_1, ready_1 = self.launch_group(group, last=False)
+        second, began_2, ready_2 = self.launch_group(group, last=True)
+        validator = jsonschema.Draft202012Validator(schema.load_schema())
+        for infos, began, ready in ((first, began_1, ready_1), (second, began_2, ready_2)):
+            for info in infos:
+                validator.validate(info)
+                self.assertEqual(info["contract_version"], CONTRACT_VERSION)
+                self.assertRegex(info["incarnation"]["id"], re.compile(r"^[0-9a-f]{32}$"))
+                # Chosen while the node launched, before it was ready.
+                self.assertGreaterEqual(info["incarnation"]["started_at"], began)
+                self.assertLessEqual(info["incarnation"]["started_at"], ready)
+                self.assertEqual({s["encoding"] for s in info["kv_event_sources"]} - {"msgpack"},
+                                 set())  # fmt: skip
+        for node_rank in (0, 1):
+            before, after = first[node_rank], second[node_rank]
+            self.assertNotEqual(before["incarnation"]["id"], after["incarnation"]["id"])
+            self.assertGreater(
+                after["incarnation"]["started_at"], before["incarnation"]["started_at"]
+            )
+            self.assertEqual(before["kv_event_rank_space"], after["kv_event_rank_space"])
+        self.assertNotEqual(first[0]["incarnation"]["id"], first[1]["incarnation"]["id"])
+        if WATCH_ENGINE_STATE:
+            self.assertGreater(self.instances[1], self.instances[0])
+        self.assertEqual(first[0]["kv_event_rank_space"]["local_ranks"], [0])
+        self.assertEqual(first[1]["kv_event_rank_space"]["local_ranks"], [])
 
 
 if __name__ == "__main__":

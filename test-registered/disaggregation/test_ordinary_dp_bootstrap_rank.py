@@ -44,16 +44,15 @@ import json
 import logging
 import multiprocessing
 import os
-import tempfile
 import threading
 import time
 import unittest
 from collections import defaultdict
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from overlay_harness import cluster, differences
+from overlay_harness import differences, nodes, ports
+from overlay_harness.group import TINY_MODEL
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.test_utils import CustomTestCase
 
@@ -107,7 +106,7 @@ def _standin_manager_class() -> type:
             self.system_dp_size, self.system_dp_rank = sys_size, sys_rank
             self.pp_size, self.pp_rank = 1, 0
             self.local_ip = "127.0.0.1"
-            self.rank_port = cluster.free_port()
+            self.rank_port = ports.free_port()
             self.is_dummy_cp_rank = False
             self.deferred_bootstrap = None
             self.request_status = {}
@@ -190,17 +189,17 @@ def _run_case(model_dir: str, method: str, rank_fields: list[tuple], server_args
     )
     from sglang.srt.disaggregation.decode import DecodePreallocQueue
 
-    port = cluster.free_port()
+    port = ports.free_port()
     dist_init_addr = None
     if "--nnodes" in server_args:
-        dist_init_addr = f"127.0.0.1:{cluster.free_port()}"
+        dist_init_addr = f"127.0.0.1:{ports.free_port()}"
         server_args = [*server_args, "--dist-init-addr", dist_init_addr]
     _publish(
         model_dir,
         [
             *server_args,
             *("--load-balance-method", method, "--disaggregation-bootstrap-port", str(port)),
-            *("--host", "127.0.0.1", "--port", str(cluster.free_port())),
+            *("--host", "127.0.0.1", "--port", str(ports.free_port())),
         ],
     )
     server = CommonKVBootstrapServer("127.0.0.1", port)
@@ -294,7 +293,7 @@ def run_variant(with_plugins: bool, model_dir: str, out: Any) -> None:
             from sglang.srt.plugins import load_plugins
 
             # As the harness's nodes: on the rebuilt-wheel side the allow-list names no plugin.
-            os.environ["SGLANG_PLUGINS"] = cluster.plugin_allow_list()
+            os.environ["SGLANG_PLUGINS"] = nodes.plugin_allow_list()
 
             load_plugins()
         from sglang.srt.disaggregation.common.conn import CommonKVSender
@@ -345,8 +344,7 @@ def run_in_spawned_process(with_plugins: bool, model_dir: str) -> dict:
 class TestOrdinaryDPBootstrapRank(CustomTestCase):
     @classmethod
     def setUpClass(cls):
-        cls._tmp = tempfile.TemporaryDirectory(prefix="overlay-model-")
-        model = cluster.write_tiny_model(Path(cls._tmp.name))
+        model = TINY_MODEL
         cls.stock = run_in_spawned_process(False, str(model))
         cls.overlay = run_in_spawned_process(True, str(model))
         for key in cls.stock:
@@ -359,10 +357,6 @@ class TestOrdinaryDPBootstrapRank(CustomTestCase):
                     cls.overlay[key]["resolved"],
                     len(ROOMS),
                 )
-
-    @classmethod
-    def tearDownClass(cls):
-        cls._tmp.cleanup()
 
     def test_variants_are_stock_and_hooked(self):
         self.assertFalse(self.stock["sender_hooked"], self.stock["sender_hooks"])

@@ -1,34 +1,35 @@
 """When a follower node gets the overlay's metadata server, and when its launch fails instead.
 
-CPU-only. Every node runs SGLang's real launch code in its own process (``overlay_harness.node``:
-``Engine._launch_subprocesses``, the real follower branch) with this plugin loaded by SGLang's
-plugin framework; the only stand-in is the model-running part of each scheduler
-(``overlay_harness.standin``, a real ``ZmqEventPublisher`` from SGLang's factory). Each scenario
+CPU-only: SGLang's real schedulers on the CPU test platform, every node its own host
+(``overlay_harness.netns``) with this plugin loaded by SGLang's plugin framework. Each scenario
 goes red when the overlay's gate or check it covers is gone:
 
-- no native gRPC on the follower (no ``--grpc-port``, or legacy/SMG mode with ``--grpc-mode``):
-  no overlay metadata server, the launch still succeeds (``_sglang.native_grpc_enabled``,
-  which picks the follower's hook groups);
-- ``SGLANG_RUST_SERVER=1``: 0.5.22+ leave the follower to upstream, which starts no Python
-  metadata server in that mode; 0.5.19–0.5.21 have no follower server of their own and the
-  Rust server no gRPC listener, so the overlay's still serves (``docs/compatibility.md``);
+- one four-node TP 4 group whose three followers each lack what the overlay's server needs:
+  no ``--grpc-port``; legacy/SMG mode (``--grpc-mode``); ``SGLANG_RUST_SERVER=1``. The first
+  two get no overlay metadata server and still launch (``_sglang.native_grpc_enabled``, which
+  picks the follower's hook groups). With ``SGLANG_RUST_SERVER``, 0.5.22+ leave the follower to
+  upstream, which starts no Python metadata server in that mode; 0.5.19-0.5.21 have no
+  follower server of their own and the Rust server no gRPC listener, so the overlay's still
+  serves (``docs/compatibility.md``). "Serves nothing" means nothing listens on the port
+  (``/proc/net/tcp`` on the node) and the connection is refused, not just a failed RPC.
 - two ranks of a follower claiming one endpoint address: the follower's launch fails with
   ``SourceConflictError`` naming the address, and no scheduler is left behind. SGLang's rank
-  offset never produces this; the stand-in's ``SHARED_KV_ENDPOINT_ENV`` knob drops the offset
-  on followers, so with an ``ipc://`` endpoint both ranks really bind and report one path.
+  offset never produces this; the ``shared_kv_endpoint`` fault
+  (``overlay_harness.scheduler_faults``) drops the offset in the follower's real schedulers,
+  so with an ``ipc://`` endpoint both ranks really bind and report one path.
 """
 
-import os
+import json
 import unittest
-from unittest import mock
 
-from overlay_harness import cluster, probes, standin
-from overlay_harness.cluster import EngineGroup
-from overlay_harness.testcase import TinyModelTestCase
+from overlay_harness import nodes, probes
+from overlay_harness.group import KV_TOPIC, EngineGroup
+from overlay_harness.scheduler_faults import FAULT_ENV
+from overlay_harness.testcase import NodesTestCase
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang_sidecar_overlay import releases
 
-register_cpu_ci(est_time=105, suite="base-a-test-cpu")
+register_cpu_ci(est_time=150, suite="base-a-test-cpu")
 
 # 0.5.22+ ship their own follower metadata server; the overlay replaces it except in
 # SGLANG_RUST_SERVER mode.
@@ -39,34 +40,45 @@ FOLLOWER_SERVER_LOG = "follower metadata server"
 STOP_DEADLINE = 120.0
 
 
-def without_option(args: list[str], option: str) -> list[str]:
-    """``args`` without ``option`` and its value."""
-    index = args.index(option)
-    return args[:index] + args[index + 2 :]
+class TestFollowerGating(NodesTestCase):
+    def assert_serves_nothing(self, follower: nodes.Node, port: int):
+        self.assertFalse(follower.inside(probes.tcp_listening, port), f"a listener on {port}")
+        refused = follower.inside(probes.tcp_connect_error, f"tcp://{follower.address}:{port}")
+        self.assertIn("ConnectionRefusedError", refused or "accepted")
+        self.assertNotIn(FOLLOWER_SERVER_LOG, follower.log_text())
 
-
-def with_option(args: list[str], option: str, value: str) -> list[str]:
-    """``args`` with ``option``'s value replaced."""
-    index = args.index(option)
-    return [*args[: index + 1], value, *args[index + 2 :]]
-
-
-class TestFollowerGating(TinyModelTestCase):
-    def assert_serves_nothing(self, follower: cluster.Node, port: int):
-        follower.expect_ready()
-        served = follower.inside(probes.health, port, follower.address)
-        self.assertIsNone(served, f"something serves on {port}")
-        self.assertNotIn(FOLLOWER_SERVER_LOG, follower.log_tail(400))
+    def test_followers_without_native_grpc_get_no_metadata_server(self):
+        group = EngineGroup(4, ["--tp", "4"])
+        launches = [
+            group.launch(0),
+            group.launch(1, grpc=False),
+            group.launch(2, extra=["--grpc-mode"]),
+            group.launch(3, env={"SGLANG_RUST_SERVER": "1"}),
+        ]
+        names = ["leader", "no-grpc-port", "grpc-mode", "rust-server"]
+        with nodes.running(*launches, names=names, log_dir=self.workdir) as started:
+            for node in started:
+                node.expect_ready()
+            self.assert_serves_nothing(started[1], group.grpc_ports[1])
+            self.assert_serves_nothing(started[2], group.grpc_ports[2])
+            rust = started[3]
+            if UPSTREAM_FOLLOWER_SERVER:
+                self.assert_serves_nothing(rust, group.grpc_ports[3])
+            else:
+                self.assertEqual(rust.health(), nodes.SERVING)
+                info = rust.server_info()
+                self.assertEqual(info["node_rank"], 3)
+                self.assertEqual(info["kv_event_sources"], [])
 
     def test_conflicting_sources_fail_the_follower_launch(self):
-        group = EngineGroup(self.model, 2, ["--tp", "4", "--dp", "4", "--enable-dp-attention"])
+        group = EngineGroup(2, ["--tp", "4", "--dp", "4", "--enable-dp-attention"])
         shared = f"ipc://{self.workdir}/follower-kv"
-        kv_events = f'{{"publisher": "zmq", "endpoint": "{shared}", "topic": "kv"}}'
-        follower_args = with_option(group.for_node(1), "--kv-events-config", kv_events)
-        with (
-            mock.patch.dict(os.environ, {standin.SHARED_KV_ENDPOINT_ENV: "1"}),
-            cluster.nodes(group.for_node(0), follower_args) as (_leader, follower),
-        ):
+        kv_events = json.dumps({"publisher": "zmq", "endpoint": shared, "topic": KV_TOPIC})
+        follower_launch = group.launch(
+            1, kv_events=kv_events, env={FAULT_ENV: "shared_kv_endpoint"}
+        )
+        with nodes.running(group.launch(0), follower_launch, log_dir=self.workdir) as started:
+            follower = started[1]
             event = follower.ready()
             self.assertEqual(event["event"], "error", follower.log_tail())
             self.assertIn("SourceConflictError", event["error"])
@@ -75,32 +87,6 @@ class TestFollowerGating(TinyModelTestCase):
             self.assertNotEqual(follower.proc.returncode, 0)
             self.assertIsNone(follower.health())
             follower.wait_gone()
-
-    def test_no_metadata_server_without_native_grpc(self):
-        group = EngineGroup(self.model, 2, ["--tp", "2"])
-        port = group.grpc_ports[1]
-        for variant, args in (
-            ("no --grpc-port", without_option(group.for_node(1), "--grpc-port")),
-            ("--grpc-mode", [*group.for_node(1), "--grpc-mode"]),
-        ):
-            with self.subTest(variant), cluster.nodes(args) as (follower,):
-                self.assert_serves_nothing(follower, port)
-
-    def test_rust_server_mode_is_left_to_upstream(self):
-        group = EngineGroup(self.model, 2, ["--tp", "2"])
-        port = group.grpc_ports[1]
-        with (
-            mock.patch.dict(os.environ, {"SGLANG_RUST_SERVER": "1"}),
-            cluster.nodes(group.for_node(1)) as (follower,),
-        ):
-            if UPSTREAM_FOLLOWER_SERVER:
-                self.assert_serves_nothing(follower, port)
-            else:
-                follower.expect_ready()
-                self.assertEqual(follower.health(), cluster.SERVING)
-                info = follower.server_info()
-                self.assertEqual(info["node_rank"], 1)
-                self.assertEqual(info["kv_event_sources"], [])
 
 
 if __name__ == "__main__":

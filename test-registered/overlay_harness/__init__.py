@@ -1,5 +1,9 @@
-"""Shared harness for the overlay's SGLang-backed tests (CPU only, no model runs).
+"""Shared harness for the overlay's SGLang-backed tests: SGLang's real schedulers on the CPU.
 
-``standin`` is the only stand-in: the model-running part of a scheduler. ``node`` drives one
-node of an engine group through SGLang's real launch code in its own process.
+``group`` plans an engine group's launches (the tiny config-only model in ``models/``, the CPU
+test platform of ``cpu_platform/``); ``nodes`` starts and stops node processes
+(``node_process``, SGLang's own launch path) and asks them things through ``inside`` on their
+hosts (``netns``); ``probes`` are the clients; ``kv_events`` the real events; ``dynamo`` the
+released Dynamo sidecar and router; ``scheduler_faults`` the faults injected into real
+schedulers. Nothing here stands in for a scheduler.
 """

@@ -6,17 +6,19 @@ import contextlib
 import os
 import signal
 import sys
+from pathlib import Path
 
 import jsonschema
 from sglang_sidecar_overlay import releases
 from sglang_sidecar_overlay.contract import schema
 
-from overlay_harness import cluster, differences, probes
-from overlay_harness.cluster import EngineGroup
+from overlay_harness import differences, kv_events, nodes, probes
+from overlay_harness.group import KV_TOPIC, PAGE_SIZE, EngineGroup
+from overlay_harness.nodes import Node
 
 
 class NodeInfoChecks:
-    """Mixed into a ``TinyModelTestCase`` (its ``assert*`` methods): checks of one node's
+    """Mixed into a ``NodesTestCase`` (its ``assert*`` methods): checks of one node's
     ``GetServerInfo`` and of the node-locality of what a group advertises."""
 
     def assert_node_info(self, info: dict, group: EngineGroup, node_rank: int, ranks: list[int]):
@@ -29,29 +31,31 @@ class NodeInfoChecks:
             # Real rank selection: the publisher of rank r binds base + r, on loopback.
             expected = f"tcp://127.0.0.1:{group.kv_base + source['dp_rank']}"
             self.assertEqual(source["endpoint"], expected)
-            self.assertEqual(source["topic"], "kv")
-            self.assertGreater(source["block_size"], 0)
+            self.assertEqual(source["topic"], KV_TOPIC)
+            # page_size x dcp_size (DCP 1 here): what the events carry, checked against them
+            # in the tests that receive real events.
+            self.assertEqual(source["block_size"], PAGE_SIZE)
         self.assertEqual(info["kv_event_rank_space"]["local_ranks"], ranks)
 
-    def assert_group_sources(self, started: list[cluster.Node], infos: list[dict]):
+    def assert_group_sources(self, started: list[Node], infos: list[dict]):
         """Distinct ranks and endpoints across the group; each advertised loopback endpoint
-        delivers a live batch on its own node, and only there: a consumer on another node of
-        the group cannot reach it."""
+        delivers a live batch of a real request on its own node, and only there: a consumer on
+        another node of the group cannot reach it. ``started[0]`` is the leader."""
         sources = [s for info in infos for s in info["kv_event_sources"]]
         self.assertEqual(len({s["dp_rank"] for s in sources}), len(sources))
         self.assertEqual(len({s["endpoint"] for s in sources}), len(sources))
         for owner, info in zip(started, infos, strict=True):
             for source in info["kv_event_sources"]:
                 endpoint = source["endpoint"]
-                batches = owner.inside(probes.live_batches, endpoint, source["topic"], 1, 0, 90)
-                self.assertEqual(len(batches), 1, f"{endpoint} on {owner.name}")
+                _seq, payload = kv_events.receive_live_batch(owner, source, started[0])
+                self.assertEqual(kv_events.decode(payload).attn_dp_rank, source["dp_rank"])
                 for other in started:
                     if other is not owner:
                         refused = other.inside(probes.tcp_connect_error, endpoint)
                         self.assertIsNotNone(refused, f"{other.name} reached {endpoint}")
                         print(f"{endpoint} of {owner.name}: from {other.name} {refused}")
 
-    def assert_follower_lifecycle(self, node: cluster.Node):
+    def assert_follower_lifecycle(self, node: Node):
         """SERVING while the schedulers live; NOT_SERVING then closed once they are gone
         (kills the node's schedulers)."""
         if differences.differs(differences.FOLLOWER_HEALTH):
@@ -59,18 +63,18 @@ class NodeInfoChecks:
             self.assertEqual(node.health_or_error(), "UNIMPLEMENTED")
             kill_schedulers(node)
             return
-        self.assertEqual(node.health(), cluster.SERVING)
+        self.assertEqual(node.health(), nodes.SERVING)
         watch = node.watch_health()
         try:
             # The watch is live before the kill: its first status cannot race the watcher.
-            self.assertEqual(watch.first_status(), cluster.SERVING)
+            self.assertEqual(watch.first_status(), nodes.SERVING)
             kill_schedulers(node)
-            seen = watch.statuses_until(cluster.NOT_SERVING)
+            seen = watch.statuses_until(nodes.NOT_SERVING)
         finally:
             watch.close()
-        self.assertEqual(seen[0], cluster.SERVING)
-        self.assertEqual(seen[-1], cluster.NOT_SERVING)
-        cluster.wait_for(lambda: node.health() is None, 60, "the server to stop")
+        self.assertEqual(seen[0], nodes.SERVING)
+        self.assertEqual(seen[-1], nodes.NOT_SERVING)
+        nodes.wait_for(lambda: node.health() is None, 60, "the server to stop")
 
 
 def report_fault(fault: str, outcome: str, seconds: float) -> None:
@@ -80,7 +84,16 @@ def report_fault(fault: str, outcome: str, seconds: float) -> None:
     sys.stderr.write(f"[{release}] fault table: {fault} | {outcome} | clean in {seconds:.2f} s\n")
 
 
-def kill_schedulers(node: cluster.Node) -> None:
+def alive(pid: int) -> bool:
+    """A process that exists and is not a zombie."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+def kill_schedulers(node: Node) -> None:
     """SIGKILL the child processes the node reported ready with (its schedulers)."""
     for pid in node.event["pids"]:
         with contextlib.suppress(ProcessLookupError):

@@ -24,7 +24,13 @@ FOLLOWER_SERVER_LOG_LINES = 2
 # own prefill sender, which the series fixes (patch 0005): 40/40 rooms, no failure to reproduce.
 ENGINE_BOOTSTRAP_RANK = 5
 
-ALLOWED = frozenset({FOLLOWER_HEALTH, FOLLOWER_SERVER_LOG_LINES, ENGINE_BOOTSTRAP_RANK})
+# patches/DIFFERENCES.md #6: the series has the dp_size switch but not the plugin's default of
+# turning it on for Dynamo's released sidecar; a group running that sidecar sets it there.
+DYNAMO_SWITCH_DEFAULT = 6
+
+ALLOWED = frozenset(
+    {FOLLOWER_HEALTH, FOLLOWER_SERVER_LOG_LINES, ENGINE_BOOTSTRAP_RANK, DYNAMO_SWITCH_DEFAULT}
+)
 
 
 def on_rebuilt_wheel() -> bool:

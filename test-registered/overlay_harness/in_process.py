@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import importlib
 import json
-from pathlib import Path
 from typing import Any
 
-from overlay_harness import cluster
+from overlay_harness.group import TINY_MODEL
 
 # Two attention-DP ranks' sources, as the leader's ready info carries them (out of order).
 SOURCES = [
@@ -17,15 +16,15 @@ SOURCES = [
 ]
 
 
-def leader_with_launch_hooks(directory: Path, groups: list[str]) -> Any:
-    """Resolved server args of an attention-DP leader whose model lives in ``directory``,
+def leader_with_launch_hooks(groups: list[str]) -> Any:
+    """Resolved server args of an attention-DP leader of the harness' tiny model,
     after loading the plugin and installing the launch-time hook ``groups`` (plus, on
     0.5.22+, the builder hook every leader gets)."""
     from sglang.srt.plugins.hook_registry import HookRegistry
     from sglang.srt.server_args import prepare_server_args
     from sglang_sidecar_overlay import plugin
 
-    model = cluster.write_tiny_model(directory / "tiny-llama")
+    model = TINY_MODEL
     kv_events = json.dumps({"publisher": "zmq", "endpoint": "tcp://*:45557", "topic": ""})
     server_args = prepare_server_args(
         ["--model-path", str(model), "--skip-tokenizer-init", "--device", "cpu",

@@ -30,6 +30,7 @@ BRIDGE_PREFIX, VETH_PREFIX = "ovb", "ovv"
 SUBNET = "192.0.2"
 PREFIX_LEN = 24
 FIRST_HOST = 10  # node i is 192.0.2.(10 + i)
+NODE_INTERFACE = "eth0"  # a node's one interface on the bridge
 LOCK_PATH = os.path.join(tempfile.gettempdir(), "sglang-overlay-harness-netns.lock")
 
 
@@ -101,6 +102,19 @@ class Host:
         """``argv`` run inside this host's namespace (``ip netns exec`` execs, no fork)."""
         return ["ip", "netns", "exec", self.netns, *argv]
 
+    def node_command(self, argv: list[str]) -> list[str]:
+        """``argv`` as this host's node: its namespace and a ``/dev/shm`` of its own.
+
+        Separate machines share no memory, and SGLang decides which ranks of a process group
+        are on one node by opening a shared-memory segment the other rank created: with one
+        ``/dev/shm`` for every node, it takes the other node's ranks for local ones and waits
+        for them on its own loopback. ``ip netns exec`` already runs ``argv`` in a mount
+        namespace of its own, so the tmpfs mounted there is this node's alone and goes away
+        with its last process.
+        """
+        private_shm = 'mount -t tmpfs -o mode=1777 tmpfs /dev/shm && exec "$@"'
+        return self.command(["sh", "-c", private_shm, "sh", *argv])
+
     def __repr__(self) -> str:
         return f"Host({self.netns}, {self.address})"
 
@@ -153,9 +167,9 @@ class Network:
                 _ip("link", "set", outer, "up")
                 inside = ["-n", host.netns]
                 _ip(*inside, "link", "set", "lo", "up")
-                _ip(*inside, "link", "set", f"{outer}p", "name", "eth0")
-                _ip(*inside, "addr", "add", f"{host.address}/{PREFIX_LEN}", "dev", "eth0")
-                _ip(*inside, "link", "set", "eth0", "up")
+                _ip(*inside, "link", "set", f"{outer}p", "name", NODE_INTERFACE)
+                _ip(*inside, "addr", "add", f"{host.address}/{PREFIX_LEN}", "dev", NODE_INTERFACE)
+                _ip(*inside, "link", "set", NODE_INTERFACE, "up")
         except BaseException:
             self._close()
             raise

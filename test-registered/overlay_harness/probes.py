@@ -16,6 +16,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -94,6 +95,49 @@ def http_text(port: int, host: str, path: str, tls: bool = False) -> list:
         return [exc.code, exc.read().decode(errors="replace")]
 
 
+def generate(
+    port: int,
+    host: str,
+    input_ids: list[int],
+    max_new_tokens: int,
+    dp_rank: int | None,
+    seconds: float = 120.0,
+) -> dict:
+    """``meta_info`` of a real ``POST /generate`` (token ids in, greedy, EOS ignored so the
+    output length is fixed), pinned to ``dp_rank`` (SGLang's ``routed_dp_rank``) when given."""
+    body: dict = {
+        "input_ids": input_ids,
+        "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0.0,
+                            "ignore_eos": True},
+    }  # fmt: skip
+    if dp_rank is not None:
+        body["routed_dp_rank"] = dp_rank
+    request = urllib.request.Request(
+        f"http://{host}:{port}/generate",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=seconds) as reply:
+            return json.loads(reply.read())["meta_info"]
+    except urllib.error.HTTPError as exc:
+        raise AssertionError(f"/generate: {exc.code} {exc.read()[:2000]!r}") from None
+
+
+def tcp_listening(port: int) -> bool:
+    """Whether any socket of this host (this network namespace) listens on TCP ``port``."""
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            rows = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            fields = row.split()
+            if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] == "0A":  # LISTEN
+                return True
+    return False
+
+
 def tcp_connect_error(endpoint: str) -> str | None:
     """None when a TCP connection to ``tcp://host:port`` is accepted, else the error."""
     host, port = endpoint.removeprefix("tcp://").rsplit(":", 1)
@@ -136,6 +180,23 @@ def live_batches(endpoint: str, topic: str, count: int, min_seq: int, seconds: f
         return sorted([seq, payload] for seq, payload in seen.items())
 
 
+def kv_batches(endpoint: str, topic: str, seconds: float) -> Iterator[Any]:
+    """``"subscribed"`` once a SUB socket is connected to ``endpoint``, then ``[seq, payload
+    hex]`` of every live batch as it comes, for ``seconds`` (or until the reader goes away)."""
+    with zmq.Context() as context, context.socket(zmq.SUB) as sub:
+        sub.setsockopt(zmq.LINGER, 0)
+        sub.setsockopt(zmq.SUBSCRIBE, topic.encode())
+        sub.connect(endpoint)
+        yield "subscribed"
+        deadline = time.monotonic() + seconds
+        while (remaining := deadline - time.monotonic()) > 0:
+            if sub.poll(timeout=min(remaining, 1.0) * 1000):
+                got_topic, seq, payload = sub.recv_multipart()
+                if got_topic != topic.encode():
+                    raise AssertionError(f"live topic {got_topic!r} on {endpoint}")
+                yield [int.from_bytes(seq, "big", signed=True), payload.hex()]
+
+
 def replay(endpoint: str, start: int, seconds: float) -> list:
     """``[[topic or None, seq, payload hex]]`` a DEALER gets back from a publisher's replay
     ROUTER for ``start``, up to the end marker. Before SGLang 0.5.22 a replayed message has no
@@ -175,3 +236,93 @@ def hold_port(host: str, port: int) -> Iterator[str]:
         taken.listen()
         yield "bound"
         sys.stdin.read()
+
+
+def dynamo_call(endpoint: str, payload: Any, seconds: float = 60.0) -> list:
+    """Every response of one call to a Dynamo endpoint (``namespace.component.endpoint``),
+    through Dynamo's own runtime client with the environment's discovery and planes."""
+    import asyncio
+
+    from dynamo.runtime import DistributedRuntime
+
+    async def call() -> list:
+        loop = asyncio.get_running_loop()
+        runtime = DistributedRuntime(loop, "file", "tcp", event_plane="zmq")
+        try:
+            client = await runtime.endpoint(endpoint).client()
+            await asyncio.wait_for(client.wait_for_instances(), seconds)
+            stream = await client.round_robin(payload)
+            return [item.data() if hasattr(item, "data") else item async for item in stream]
+        finally:
+            runtime.shutdown()
+
+    return asyncio.run(asyncio.wait_for(call(), seconds))
+
+
+# --- upstream's WatchEngineState (0.5.23's native gRPC), read from the protobuf wire format ---
+
+WATCH_ENGINE_STATE_PATH = "/sglang.runtime.v1.SglangService/WatchEngineState"
+# EngineStateSnapshot fields: instance_id, revision, server_info (a GetServerInfoResponse).
+SNAPSHOT_INSTANCE_ID, SNAPSHOT_REVISION, SNAPSHOT_SERVER_INFO = 1, 2, 6
+
+
+def _varint(data: bytes, at: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        byte = data[at]
+        at += 1
+        value |= (byte & 0x7F) << shift
+        shift += 7
+        if not byte & 0x80:
+            return value, at
+
+
+def protobuf_fields(data: bytes) -> dict[int, Any]:
+    """``{field number: value}`` of a message's varint, fixed and length-delimited fields."""
+    fields: dict[int, Any] = {}
+    at = 0
+    while at < len(data):
+        key, at = _varint(data, at)
+        number, wire_type = key >> 3, key & 7
+        if wire_type == 0:
+            fields[number], at = _varint(data, at)
+        elif wire_type == 2:
+            length, at = _varint(data, at)
+            fields[number], at = data[at : at + length], at + length
+        elif wire_type in (1, 5):
+            width = 8 if wire_type == 1 else 4
+            fields[number], at = data[at : at + width], at + width
+        else:
+            raise ValueError(f"wire type {wire_type} of field {number}")
+    return fields
+
+
+def engine_state(port: int, host: str) -> dict:
+    """The first ``WatchEngineState`` snapshot (the current state): its instance id, revision
+    and the server info it embeds."""
+    with grpc.insecure_channel(f"{host}:{port}") as channel:
+        watch = channel.unary_stream(
+            WATCH_ENGINE_STATE_PATH,
+            request_serializer=lambda b: b,
+            response_deserializer=lambda b: b,
+        )
+        stream = watch(b"", timeout=30.0)
+        try:
+            snapshot = protobuf_fields(next(stream))
+        finally:
+            stream.cancel()
+    info = protobuf_fields(snapshot[SNAPSHOT_SERVER_INFO])[1]
+    return {
+        "instance_id": snapshot[SNAPSHOT_INSTANCE_ID],
+        "revision": snapshot.get(SNAPSHOT_REVISION, 0),
+        "server_info": json.loads(info),
+    }
+
+
+def http_post(port: int, host: str, path: str) -> int:
+    """The status of ``POST path`` with an empty JSON object."""
+    request = urllib.request.Request(
+        f"http://{host}:{port}{path}", data=b"{}", headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=60) as reply:
+        return reply.status

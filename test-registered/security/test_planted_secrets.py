@@ -1,55 +1,63 @@
 """Secrets planted through SGLang's real launch path never leave a node through the overlay.
 
-CPU-only, two nodes (attention DP, so the follower owns a publisher and runs its sidecar): the
-leader through ``http_server.launch_server`` (``overlay_harness.providers.http_node``), the
-follower through the real follower branch (``overlay_harness.node``). The installed release's
-``ServerArgs`` fields are enumerated (not a hand list): every field the redaction rule names
-secret gets a unique canary through its own flag, except the ones no launch here can carry
-(``refused_here``: watermarking needs a CUDA device; 0.5.23 refuses ``--api-key`` next to
+CPU-only, two nodes (attention DP, so the follower owns a publisher and runs its sidecar), each
+its own host, SGLang's real schedulers on the CPU test platform: the leader through
+``http_server.launch_server``, the follower through SGLang's follower branch. The installed
+release's ``ServerArgs`` fields are enumerated (not a hand list): every field the redaction
+rule names secret gets a unique canary through its own flag, except the ones no launch here can
+carry (``refused_here``: watermarking needs a CUDA device; 0.5.23 refuses ``--api-key`` next to
 ``--grpc-port``), which the builder's unit tests cover; ``--ssl-keyfile-password`` comes with a
 throwaway certificate, since SGLang refuses it alone. Fields whose value can carry a secret by
-shape get canaries in that shape: JSON (``hicache_storage_backend_extra_config``,
-``model_loader_extra_config``), a Python literal (``deepep_config``), URL credentials and
+shape get canaries in that shape: JSON (``hicache_storage_backend_extra_config``; not
+``model_loader_extra_config``, which a real scheduler loading dummy weights refuses), a Python
+literal (``deepep_config``), URL credentials and
 signed-URL query parameters (``served_model_name``, ``otlp_traces_endpoint``,
 ``encoder_urls``). ``model_path`` keeps the config-only model directory: SGLang reads the model
-config from it at launch, so a URL there would be dereferenced (the builder's unit tests cover a
-credential URL in ``model_path``). Every canary also reaches ``launch_command`` (the nodes'
+config from it at launch, so a URL there would be dereferenced (the builder's unit tests cover
+a credential URL in ``model_path``). Every canary also reaches ``launch_command`` (the nodes'
 argv).
 
 Scanned, with 0 canaries allowed: gRPC ``GetServerInfo`` of both nodes; the leader's HTTP
 ``/server_info`` from its real uvicorn server (HTTPS when ``--ssl-keyfile-password`` is
-planted), whose ``internal_states`` come from the stand-in schedulers answering SGLang's
-``GetInternalStateReq`` through the real DP controller with the resolved server args, as a real
-scheduler does (``--enable-dp-attention-local-control-broadcast``, so the controller reaches
-both DP groups itself); every log line of the overlay's loggers in both nodes' logs (SGLang's
-own logging is configured through ``SGLANG_LOGGING_CONFIG_PATH`` to name each line's logger, the
-overlay's at DEBUG), every line no SGLang logger claims, and the argv and environment of both
-sidecars (``security.sidecar_dump``). SGLang's own log lines are counted and reported, not
-asserted: they are upstream's (its ``server_args=`` line prints every field).
+planted), whose ``internal_states`` come from both DP groups' real schedulers (SGLang's own
+``get_internal_state``, through the real DP controller); every log line of the overlay's
+loggers in both nodes' logs (SGLang's own logging is configured through
+``SGLANG_LOGGING_CONFIG_PATH`` to name each line's logger, the overlay's at DEBUG), every line
+no SGLang logger claims, and the argv and environment of both sidecars
+(``security.sidecar_dump``). SGLang's own log lines are counted and reported, not asserted:
+they are upstream's (its ``server_args=`` line prints every field). Positive controls: every
+planted named field is served as ``<redacted>``, and ``launch_command`` is served (redacted)
+where the release sets it.
+
+The same launch then serves two more checks: ``sglang-sidecar-overlay probe`` on the follower
+(the ``dp_size`` switch off, as by default for this provider) says why a released consumer
+rejects it on 0.5.22+, and the follower's engine process SIGKILLed takes its sidecar's shim and
+provider down with it.
 """
 
 import argparse
-import contextlib
 import dataclasses
 import inspect
 import json
 import os
 import secrets
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 import unittest
 from pathlib import Path
-from unittest import mock
 
 import msgspec
-from overlay_harness import cluster, probes
-from overlay_harness.cluster import EngineGroup, HttpLeader
+from overlay_harness import nodes, probes
+from overlay_harness.checks import alive, report_fault
+from overlay_harness.group import EngineGroup
 from sglang.srt.server_args import ServerArgs
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.test_utils import CustomTestCase
 from sglang_sidecar_overlay import releases
-from sglang_sidecar_overlay.contract.redaction import is_secret_name
+from sglang_sidecar_overlay.contract.redaction import REDACTED, is_secret_name
 
 register_cpu_ci(est_time=46, suite="base-a-test-cpu")
 
@@ -58,8 +66,13 @@ PROVIDER = "security.sidecar_dump"
 OVERLAY_LOGGER = "sglang_sidecar_overlay"
 LINE_MARK = "@@"
 DUMP_DEADLINE = 240.0
-# The route waits for the schedulers' internal state through the DP controller.
-HTTP_DEADLINE = 120.0
+CLEAN_DEADLINE = 60.0
+# 0.5.22+ report attention DP as dp_size=1, which released consumers check ranks against.
+ATTENTION_DP_REPORTS_DP_SIZE_1 = releases.adapter_for(RELEASE or "0") == (
+    "sglang_sidecar_overlay.adapters.v0_5_22"
+)
+# 0.5.19's ServerArgs has no launch_command: the contract serves null there.
+LAUNCH_COMMAND_SERVED = RELEASE != "0.5.19"
 LOGGING_CONFIG = {
     "version": 1,
     "disable_existing_loggers": False,
@@ -145,22 +158,17 @@ def plant(fields: list[tuple[str, object]], flags: dict) -> tuple[list[str], dic
             args.extend([flag(name), build(mark)])
             planted.update(values)
 
+    # model_loader_extra_config would carry these, but a real scheduler loading dummy weights
+    # refuses any loader extra config; the storage backend's config carries them instead.
     shaped(
         "hicache_storage_backend_extra_config",
         lambda mark: json.dumps(
             {
                 "access_key": mark("access_key"),
                 "secret_key": mark("secret_key"),
+                "hf_token": mark("hf_token"),
                 "auth": {"session": [{"token": mark("nested token")}]},
                 "endpoint": f"s3://AKID:{mark('url password')}@bucket/prefix",
-            }
-        ),
-    )
-    shaped(
-        "model_loader_extra_config",
-        lambda mark: json.dumps(
-            {
-                "hf_token": mark("hf_token"),
                 "url": f"https://h.example/m?X-Amz-Credential={mark('X-Amz-Credential')}"
                 f"&X-Amz-Signature={mark('X-Amz-Signature')}&X-Amz-Date=20260101",
             }
@@ -210,65 +218,51 @@ class TestPlantedSecrets(CustomTestCase):
         self.assertGreaterEqual(len(planted), 10, planted)
         with tempfile.TemporaryDirectory(prefix="overlay-secrets-") as tmp:
             workdir = Path(tmp)
-            model = cluster.write_tiny_model(workdir / "tiny-llama")
             tls = "ssl_keyfile_password" in planted
             if tls:
                 plant_args = plant_args + tls_files(workdir)
             config = workdir / "logging.json"
             config.write_text(json.dumps(LOGGING_CONFIG))
-            # Local control broadcast: the DP controller sends the internal-state request of
-            # HTTP /server_info to both DP groups' schedulers itself (see overlay_harness.standin).
-            group = EngineGroup(
-                model,
-                2,
-                ["--tp", "2", "--dp", "2", "--enable-dp-attention",
-                 "--enable-dp-attention-local-control-broadcast"],
-            )  # fmt: skip
+            group = EngineGroup(2, ["--tp", "2", "--dp", "2", "--enable-dp-attention"])
             dumps = {"leader": workdir / "leader", "follower": workdir / "follower"}
-            arg_lists = [
-                group.for_node(0, PROVIDER, ["--dump", str(dumps["leader"])]) + plant_args,
-                group.for_node(1, PROVIDER, ["--sidecar-on-followers", "--dump",
-                                             str(dumps["follower"])]) + plant_args,
-            ]  # fmt: skip
             env = {"SGLANG_LOGGING_CONFIG_PATH": str(config)}
+            launches = [
+                group.launch(0, sidecar=PROVIDER, sidecar_args=["--dump", str(dumps["leader"])],
+                             extra=plant_args, env=env),
+                group.launch(1, sidecar=PROVIDER, extra=plant_args, env=env,
+                             sidecar_args=["--sidecar-on-followers", "--dump",
+                                           str(dumps["follower"])]),
+            ]  # fmt: skip
             texts: dict[str, str] = {}
-            started: list[cluster.Node] = []
-            with mock.patch.dict(os.environ, env), contextlib.ExitStack() as stack:
-                started = cluster.start_nodes(
-                    lambda args, index: (HttpLeader, cluster.Node)[index](
-                        args, workdir, ("leader", "follower")[index]
-                    ),
-                    arg_lists,
-                )
-                stack.callback(cluster.stop_all, started, 10)
-                try:
-                    for node in started:
-                        event = node.ready()
-                        self.assertEqual(event["event"], "ready", f"{event}\n{node.log_tail()}")
-                    for node, role in zip(started, ("leader", "follower"), strict=True):
-                        texts[f"grpc {role}"] = node.inside(
-                            probes.server_info_text, node.grpc_port, node.address
-                        )
-                    leader = started[0]
-                    status, http_text = leader.inside(
-                        probes.http_text, group.http_ports[0], leader.address, "/server_info", tls
+            with nodes.running(*launches, names=["leader", "follower"], log_dir=workdir,
+                               stop_timeout=10) as started:  # fmt: skip
+                for node in started:
+                    node.expect_ready()
+                leader, follower = started
+                for node in started:
+                    texts[f"grpc {node.name}"] = node.inside(
+                        probes.server_info_text, node.grpc_port, node.address
                     )
-                    self.assertEqual(status, 200, http_text[:2000])
-                    states = json.loads(http_text)["internal_states"]
-                    # Both DP groups' schedulers answered: the scan covers their server args.
-                    self.assertEqual([s.get("tp_size") for s in states], [2, 2], http_text[:2000])
-                    texts["http leader /server_info"] = http_text
-                    for role, prefix in dumps.items():
-                        path = cluster.wait_for(
-                            lambda prefix=prefix: dumped(prefix),
-                            DUMP_DEADLINE,
-                            f"the {role} sidecar to record its argv and environment",
-                        )[0]
-                        texts[f"sidecar {role} argv+environ"] = path.read_text()
-                except BaseException:
-                    for node in started:
-                        sys.stderr.write(f"--- {node.name} log (tail) ---\n{node.log_tail(80)}\n")
-                    raise
+                status, http_text = leader.inside(
+                    probes.http_text, leader.http_port, leader.address, "/server_info", tls
+                )
+                self.assertEqual(status, 200, http_text[:2000])
+                states = json.loads(http_text)["internal_states"]
+                # Both DP groups' real schedulers answered: the scan covers their state.
+                self.assertEqual([s.get("tp_size") for s in states], [2, 2], http_text[:2000])
+                texts["http leader /server_info"] = http_text
+                sidecars = {}
+                for role, prefix in dumps.items():
+                    path = nodes.wait_for(
+                        lambda prefix=prefix: dumped(prefix),
+                        DUMP_DEADLINE,
+                        f"the {role} sidecar to record its argv and environment",
+                    )[0]
+                    texts[f"sidecar {role} argv+environ"] = path.read_text()
+                    sidecars[role] = json.loads(path.read_text())
+                self.assert_positive_controls(texts, planted)
+                self.assert_probe_says_why_a_consumer_rejects(follower)
+                self.assert_engine_kill_takes_the_sidecar_down(follower, sidecars["follower"])
             # Nodes stopped: the logs now hold shutdown too.
             sglang_hits: dict[str, list[str]] = {}
             for node in started:
@@ -294,6 +288,58 @@ class TestPlantedSecrets(CustomTestCase):
         self.assertEqual({where: hits for where, hits in leaks.items() if hits}, {})
         total = sum(len(hits) for hits in leaks.values())
         sys.stderr.write(f"[{RELEASE}] canaries found by the scan: {total}\n")
+
+    def assert_positive_controls(self, texts: dict[str, str], planted: dict[str, str]) -> None:
+        """The scan can see what it looks for: every surface carries the planted fields, each
+        redacted, and ``launch_command`` is served (where the release sets it)."""
+        infos = {where: json.loads(text) for where, text in texts.items() if "grpc" in where}
+        for where, info in infos.items():
+            for name in (label for label in planted if ":" not in label):
+                self.assertEqual(info.get(name), REDACTED, f"{where}: {name}")
+            if LAUNCH_COMMAND_SERVED:
+                self.assertIn(REDACTED, info["launch_command"] or "", where)
+
+    def assert_probe_says_why_a_consumer_rejects(self, follower: nodes.Node) -> None:
+        """``sglang-sidecar-overlay probe`` on the follower (the ``dp_size`` switch off): on
+        0.5.22+ (``dp_size=1`` for attention DP) it says why a released consumer rejects the
+        follower; before 0.5.22 it has nothing to say."""
+        target = f"{follower.address}:{follower.grpc_port}"
+        probe = subprocess.run(
+            follower.command([sys.executable, "-m", "sglang_sidecar_overlay", "probe", target,
+                              "--timeout", "10"]),
+            capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+        output = probe.stdout + probe.stderr
+        if not ATTENTION_DP_REPORTS_DP_SIZE_1:
+            self.assertNotIn("top-level dp_size", output, output)
+            self.assertEqual(probe.returncode, 0, output)
+            return
+        self.assertIn("top-level dp_size 1", output, output)
+        warning = next(line for line in output.splitlines() if "dp_size 1" in line)
+        sys.stderr.write(f"[{RELEASE}] probe, switch off: {warning}\n")
+
+    def assert_engine_kill_takes_the_sidecar_down(self, follower: nodes.Node, sidecar: dict):
+        """SIGKILL the follower's engine process (no orderly stop): the sidecar's shim and
+        provider go with it (parent-death signal, death pipe), and the node leaves nothing."""
+        provider, shim = sidecar["pid"], sidecar["ppid"]
+        self.assertTrue(alive(provider) and alive(shim))
+        os.kill(follower.proc.pid, signal.SIGKILL)
+        killed_at = time.monotonic()
+        nodes.wait_for(
+            lambda: not alive(provider) and not alive(shim),
+            CLEAN_DEADLINE,
+            "the follower sidecar's shim and provider to exit",
+        )
+        sidecar_gone = time.monotonic() - killed_at
+        follower.proc.wait(timeout=CLEAN_DEADLINE)
+        self.assertEqual(follower.proc.returncode, -signal.SIGKILL)
+        follower.wait_gone(CLEAN_DEADLINE)
+        report_fault(
+            "follower engine process SIGKILLed while serving",
+            f"exit {follower.proc.returncode} (SIGKILL); shim+provider gone in "
+            f"{sidecar_gone:.2f} s",
+            time.monotonic() - killed_at,
+        )
 
     @staticmethod
     def split_log(path: Path) -> tuple[list[str], list[str], list[str]]:

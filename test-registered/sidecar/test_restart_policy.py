@@ -1,13 +1,12 @@
 """The ``--sidecar`` restart policy through SGLang's real launch path, on the leader.
 
-CPU-only. The leader runs ``http_server.launch_server`` itself
-(``overlay_harness.providers.http_node``): uvicorn and the FastAPI lifespan that binds the
-native gRPC server and then calls ``start_sidecar``, which the plugin replaces with its
-supervisor; SGLang's real tokenizer manager and detokenizer (``--skip-tokenizer-init``). The only
-stand-in is the model-running part of the scheduler (``overlay_harness.standin``, a real
-``ZmqEventPublisher``). The provider is ``overlay_harness.providers.kv_probe``, which reports each
-step to a JSON-lines file; the restart options travel in ``--sidecar-args``, as an operator
-writes them, and the supervisor takes them out before the provider sees its argv.
+CPU-only: SGLang's real scheduler on the CPU test platform. The leader runs
+``http_server.launch_server`` itself (``overlay_harness.node_process``): uvicorn and the
+FastAPI lifespan that binds the native gRPC server and then calls ``start_sidecar``, which the
+plugin replaces with its supervisor. The provider is ``overlay_harness.providers.kv_probe``,
+which reports each step to a JSON-lines file; the restart options travel in
+``--sidecar-args``, as an operator writes them, and the supervisor takes them out before the
+provider sees its argv.
 
 With ``--sidecar-restart on-failure --sidecar-max-restarts 1``: a killed provider is started
 again (a new process that reads the node's metadata again) while the node keeps serving; killed
@@ -20,14 +19,13 @@ import contextlib
 import json
 import os
 import signal
-import tempfile
 import unittest
 import uuid
 from pathlib import Path
 
-from overlay_harness import cluster
-from overlay_harness.cluster import EngineGroup, HttpLeader
-from overlay_harness.testcase import TinyModelTestCase
+from overlay_harness import nodes
+from overlay_harness.group import EngineGroup
+from overlay_harness.testcase import NodesTestCase
 from sglang.test.ci.ci_register import register_cpu_ci
 
 register_cpu_ci(est_time=22, suite="base-a-test-cpu")
@@ -48,38 +46,35 @@ def provider_steps(path: Path, pid: int) -> list[str]:
     return [r["step"] for r in read_report(path) if r["pid"] == pid]
 
 
-class TestRestartPolicy(TinyModelTestCase):
+class TestRestartPolicy(NodesTestCase):
     def test_restart_policy_restarts_then_brings_the_node_down(self):
-        group = EngineGroup(self.model, 1, ["--tp", "1"])
+        group = EngineGroup(1, ["--tp", "1"])
         report = self.workdir / f"report-{uuid.uuid4().hex}.jsonl"
-        args = group.for_node(0, PROVIDER, ["--report", str(report), *RESTART])
-        with (
-            tempfile.TemporaryDirectory(prefix="overlay-leader-") as log_dir,
-            cluster.running(HttpLeader(args, Path(log_dir), "leader")) as node,
-        ):
+        launch = group.launch(0, sidecar=PROVIDER, sidecar_args=["--report", str(report), *RESTART])
+        with nodes.running(launch, names=["leader"], log_dir=self.workdir) as (node,):
             node.expect_ready()
 
-            def idle_provider(other_than: int | None = None) -> dict | None:
+            def subscribed_provider(other_than: int | None = None) -> dict | None:
                 if node.proc.poll() is not None:
                     raise AssertionError(f"the node exited {node.proc.returncode}")
                 return next(
                     (
                         r
                         for r in read_report(report)
-                        if r["step"] == "idle" and r["pid"] != other_than
+                        if r["step"] == "subscribed" and r["pid"] != other_than
                     ),
                     None,
                 )
 
-            first = cluster.wait_for(idle_provider, EVENT_DEADLINE, "the first provider")
+            first = nodes.wait_for(subscribed_provider, EVENT_DEADLINE, "the first provider")
             # The supervisor took the restart options out of the provider's argv.
             self.assertEqual(
                 next(r for r in read_report(report) if r["step"] == "started")["argv"],
                 ["--report", str(report)],
             )
             os.kill(first["pid"], signal.SIGKILL)
-            second = cluster.wait_for(
-                lambda: idle_provider(first["pid"]), EVENT_DEADLINE, "the restarted provider"
+            second = nodes.wait_for(
+                lambda: subscribed_provider(first["pid"]), EVENT_DEADLINE, "the restarted provider"
             )
             self.assertIsNone(node.proc.poll(), "the node went down on a restartable exit")
             # A new process that reached the node's metadata server again.
@@ -89,7 +84,7 @@ class TestRestartPolicy(TinyModelTestCase):
             os.kill(second["pid"], signal.SIGKILL)
             node.proc.wait(timeout=STOP_DEADLINE)
             self.assertNotEqual(node.proc.returncode, 0)
-            log = node.log_path.read_text(errors="replace")
+            log = node.log_text()
             self.assertEqual(log.count("restarting in"), 1, node.log_tail())
             self.assertIn("1 restarts within 300 s, giving up", log)
             self.assertIn("triggering SIGQUIT", log)

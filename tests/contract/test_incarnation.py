@@ -1,15 +1,20 @@
-"""The restart-aware contract: ``contract_version``, ``incarnation`` and per-source ``encoding``,
-from the builder through the schema to what ``probe`` says about them."""
+"""The restart-aware contract: ``contract_version``, ``incarnation``, per-source ``encoding`` and
+(contract 3) each source's replay horizon and queue bounds, from the builder through the schema
+to what ``probe`` says about them."""
 
 from __future__ import annotations
 
+import collections
 import copy
 import json
+import queue
 import re
+import types
 
 import jsonschema
 import pytest
 from probe_nodes import errors_of
+from sglang_sidecar_overlay.adapters._publisher import publisher_bounds, with_publisher_bounds
 from sglang_sidecar_overlay.contract.incarnation import (
     CONTRACT_VERSION,
     Incarnation,
@@ -21,6 +26,7 @@ from sglang_sidecar_overlay.contract.schema import load_schema
 from sglang_sidecar_overlay.contract.server_info import build_server_info, render_server_info
 from sglang_sidecar_overlay.contract.sources import (
     DEFAULT_ENCODING,
+    SOURCE_BOUNDS,
     aggregate_sources,
     describe_source,
 )
@@ -51,7 +57,7 @@ def test_every_launch_gets_a_new_128_bit_id_kept_for_the_whole_launch() -> None:
 
 def test_builder_stamps_version_and_launch_and_stays_deterministic() -> None:
     info = snapshot()
-    assert info["contract_version"] == CONTRACT_VERSION == 2
+    assert info["contract_version"] == CONTRACT_VERSION == 3
     assert info["incarnation"] == {"id": "fedcba9876543210" * 2, "started_at": 1_800_000_000.5}
     assert render_server_info(snapshot()) == render_server_info(info)
     assert snapshot(FIXED.to_json()) == info
@@ -96,6 +102,54 @@ def test_every_source_carries_its_encoding() -> None:
             describe_source(0, "tcp://*:5557", "", 16, encoding=bad)
 
 
+BOUNDS = {"replay_buffer_steps": 7, "hwm": 30, "max_queue_size": 0}
+
+
+def test_sources_keep_the_bounds_their_publisher_reported() -> None:
+    described = describe_source(0, "tcp://*:5557", "kv", 16, bounds=BOUNDS)
+    assert {k: described[k] for k in SOURCE_BOUNDS} == BOUNDS
+    assert aggregate_sources([described]) == [described]
+    # Absent where unknown: nothing is filled in with a default.
+    bare = describe_source(0, "tcp://*:5557", "kv", 16, bounds={"hwm": 5})
+    assert not {"replay_buffer_steps", "max_queue_size"} & set(bare)
+    assert set(aggregate_sources([bare])[0]) & set(SOURCE_BOUNDS) == {"hwm"}
+    for bad in (-1, 1.5, True, "10", None):
+        with pytest.raises(ValueError, match="replay_buffer_steps must be an int >= 0"):
+            describe_source(0, "tcp://*:5557", "kv", 16, bounds={"replay_buffer_steps": bad})
+        with pytest.raises(ValueError, match="replay_buffer_steps must be an int >= 0"):
+            aggregate_sources([{**bare, "replay_buffer_steps": bad}])
+    with pytest.raises(ValueError, match="unknown KV source bounds"):
+        describe_source(0, "tcp://*:5557", "kv", 16, bounds={"buffer_steps": 1})
+
+
+def test_bounds_are_read_from_the_objects_that_enforce_them() -> None:
+    # What a ZmqEventPublisher holds: its replay deque, its PUB high-water mark, its queue.
+    live = types.SimpleNamespace(
+        _buffer=collections.deque(maxlen=7), _hwm=30, _event_queue=queue.Queue(maxsize=-1)
+    )
+    assert publisher_bounds(live) == BOUNDS
+    assert publisher_bounds(types.SimpleNamespace(_hwm=5)) == {"hwm": 5}
+    assert publisher_bounds(types.SimpleNamespace(_buffer=collections.deque())) == {}
+    upstream = {"dp_rank": 0, "endpoint": "tcp://127.0.0.1:5557", "topic": "", "block_size": 16}
+    reported = {**upstream, "hwm": 1}
+    assert with_publisher_bounds([upstream, reported], BOUNDS) == [
+        {**upstream, **BOUNDS},
+        {**upstream, **BOUNDS, "hwm": 1},
+    ]
+
+
+def test_schema_reads_the_version_3_bounds() -> None:
+    validator = jsonschema.Draft202012Validator(load_schema())
+    sources = [describe_source(1, "tcp://*:5558", "kv", 16, "tcp://*:5601", bounds=BOUNDS)]
+    info = build_server_info(ARGS, READY, incarnation=FIXED, kv_event_sources=sources)
+    validator.validate(info)
+    validator.validate(snapshot())  # each bound is optional
+    for key in SOURCE_BOUNDS:
+        broken = copy.deepcopy(info)
+        broken["kv_event_sources"][0][key] = -1
+        assert not validator.is_valid(broken), key
+
+
 def test_schema_requires_the_version_2_fields() -> None:
     validator = jsonschema.Draft202012Validator(load_schema())
     info = snapshot()
@@ -115,7 +169,7 @@ def test_probe_shows_the_launch() -> None:
     _, findings = check_server_info(json.dumps(info))
     assert errors_of(findings) == {}
     shown = [f.message for f in findings if f.field == "incarnation" and f.level == probe.OK]
-    assert shown == [f"v2, {describe_incarnation(info)}"]
+    assert shown == [f"v3, {describe_incarnation(info)}"]
     assert describe_incarnation(info, now=1_800_000_000.5 + 3725) == (
         f"launch {'fedcba9876543210' * 2} started 2027-01-15T08:00:00Z (up 1h02m)"
     )
@@ -142,8 +196,8 @@ def test_probe_checks_version_launch_and_encoding() -> None:
     assert warnings["kv_event_sources[0].encoding"].startswith("'json': a consumer that decodes")
 
     newer = snapshot()
-    newer["contract_version"] = 3
+    newer["contract_version"] = 4
     _, findings = check_server_info(json.dumps(newer))
     warnings = {f.field: f.message for f in findings if f.level == probe.WARNING}
-    assert warnings["contract_version"].startswith("3 is newer than this probe knows (2)")
+    assert warnings["contract_version"].startswith("4 is newer than this probe knows (3)")
     assert errors_of(findings) == {}

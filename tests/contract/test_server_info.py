@@ -69,6 +69,19 @@ def test_legacy_switch_defaults_off_and_reads_the_process_environment(monkeypatc
     assert legacy_dp_size_enabled() is False
 
 
+def test_legacy_switch_defaults_on_only_for_a_sidecar_that_checks_dp_size():
+    assert legacy_dp_size_enabled({}, sidecar="dynamo.sglang.sidecar") is True
+    assert legacy_dp_size_enabled({}, sidecar="dynamo.sglang") is False
+    assert legacy_dp_size_enabled({}, sidecar="my_org.sidecar") is False
+    assert legacy_dp_size_enabled({}, sidecar=None) is False
+
+
+@pytest.mark.parametrize("value", ["0", "off", ""])
+def test_legacy_switch_set_off_wins_over_the_sidecar_default(value):
+    env = {LEGACY_DP_SIZE_ENV: value}
+    assert legacy_dp_size_enabled(env, sidecar="dynamo.sglang.sidecar") is False
+
+
 @pytest.mark.parametrize("value", ["2", "enable", "y e s"])
 def test_legacy_switch_bad_value_is_named(value):
     with pytest.raises(ValueError, match=f"{LEGACY_DP_SIZE_ENV}='{value}'"):
@@ -188,7 +201,7 @@ def test_leader_server_info(validator):
             "replay_endpoint": "tcp://127.0.0.1:5600",
         }
     ]
-    assert info["contract_version"] == CONTRACT_VERSION == 2
+    assert info["contract_version"] == CONTRACT_VERSION == 3
     assert info["incarnation"] == {"id": "0123456789abcdef" * 2, "started_at": 1_700_000_000.25}
     assert info["kv_events"] == KV_EVENTS
     assert info["kv_event_rank_space"] == {

@@ -5,12 +5,16 @@ schedulers.
 from the builder, served by ``server.follower`` on ``--host``/``--grpc-port`` (with the opt-in
 follower sidecar when one is configured). :func:`failing_on_scheduler_crash` replaces the
 follower branch's wait on its schedulers, so a crashed scheduler fails the node instead of
-letting it exit 0.
+letting it exit 0; :func:`stop_server_before_sigquit` puts the server's stop ahead of SGLang's
+SIGQUIT crash path.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import signal
+import threading
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -43,7 +47,39 @@ def start_node_follower(
         from sglang_sidecar_overlay.adapters import _sidecar
 
         _sidecar.attach_follower_sidecar(server, info.get("kv_event_sources") or [])
+    stop_server_before_sigquit(server)
     return server
+
+
+def stop_server_before_sigquit(server: FollowerMetadataServer) -> None:
+    """Chain the follower's SIGQUIT handler so SGLang's crash path stops ``server`` first.
+
+    A failing scheduler (or sidecar) sends the engine process SIGQUIT, and SGLang's handler
+    SIGKILLs the node's whole process tree at once: health would never turn NOT_SERVING and the
+    sidecar would never get its SIGTERM, so a consumer such as Dynamo's stays registered for
+    ranks that are gone. Chained once the server is SERVING: NOT_SERVING and the sidecar's
+    bounded stop (``server.stop()``), then the handler it replaced. Signal handlers can only be
+    set from the main thread; elsewhere SGLang's handler is left as it is.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return
+    previous = signal.getsignal(signal.SIGQUIT)
+
+    def stop_then_quit(signum: int, frame: Any) -> None:
+        logger.error(
+            "SIGQUIT on follower node %s: stopping the follower metadata server at %s (its "
+            "sidecar first) before SGLang takes the node down",
+            _sglang.node_rank(),
+            server.address,
+        )
+        server.stop()
+        signal.signal(signal.SIGQUIT, previous)
+        if callable(previous):
+            previous(signum, frame)
+        else:  # the default action (or ignore), as if this handler had never been there
+            os.kill(os.getpid(), signal.SIGQUIT)
+
+    signal.signal(signal.SIGQUIT, stop_then_quit)
 
 
 def exit_description(exitcode: int) -> str:

@@ -72,6 +72,32 @@ def kv_events_descriptor(server_args: Any) -> Any:
     return describe_kv_events_publisher(server_args)
 
 
+def kv_publisher_bounds(server_args: Any) -> dict[str, int]:
+    """The bounds every ZMQ publisher of this node is built with, from ``--kv-events-config``.
+
+    Parsed by SGLang's own ``KVEventsConfig``, whose fields ``EventPublisherFactory`` passes
+    to each ``ZmqEventPublisher`` (unset ones at the config's defaults); mapped the way the
+    publisher applies them. ``{}`` without a config or for another publisher kind.
+    """
+    raw = getattr(server_args, "kv_events_config", None)
+    if not raw:
+        return {}
+    from sglang.srt.disaggregation.kv_events import KVEventsConfig
+
+    try:
+        cfg = KVEventsConfig.from_cli(raw) if isinstance(raw, str) else KVEventsConfig(**raw)
+    except (TypeError, ValueError):
+        # SGLang refuses such a config itself before any publisher exists.
+        return {}
+    if cfg.publisher != "zmq":
+        return {}
+    return {
+        "replay_buffer_steps": max(int(cfg.buffer_steps), 0),
+        "hwm": max(int(cfg.hwm), 0),
+        "max_queue_size": max(int(cfg.max_queue_size), 0),
+    }
+
+
 def reap(procs: Iterable[Any]) -> None:
     """Kill a launch's scheduler (or DP-controller) process trees after a failed start."""
     from sglang.srt.utils import kill_process_tree

@@ -27,8 +27,9 @@ __all__ = [
 ]
 
 # Bumped when the server-info contract changes shape. 1 is the contract before this field
-# (no contract_version, no incarnation, no per-source encoding); 2 adds the three.
-CONTRACT_VERSION = 2
+# (no contract_version, no incarnation, no per-source encoding); 2 adds the three; 3 adds
+# each source's replay horizon and queue bounds (replay_buffer_steps, hwm, max_queue_size).
+CONTRACT_VERSION = 3
 
 _ID_BITS = 128
 _ID_PATTERN = re.compile(r"^[0-9a-f]{32}$")

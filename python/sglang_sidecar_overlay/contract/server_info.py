@@ -29,6 +29,7 @@ from sglang_sidecar_overlay.contract.values import is_int
 
 __all__ = [
     "CONTRACT_VERSION",
+    "DP_SIZE_CHECKING_SIDECARS",
     "LEGACY_DP_SIZE_ENV",
     "build_server_info",
     "legacy_dp_size_enabled",
@@ -38,6 +39,10 @@ __all__ = [
 ]
 
 LEGACY_DP_SIZE_ENV = "SGLANG_SIDECAR_OVERLAY_LEGACY_DP_SIZE"
+# Released consumers that check every source's dp_rank against the top-level dp_size
+# (ai-dynamo <= 1.6.1): a node whose --sidecar is one of them gets the switch on unless the
+# operator set it either way.
+DP_SIZE_CHECKING_SIDECARS = frozenset({"dynamo.sglang.sidecar"})
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"", "0", "false", "no", "off"})
 
@@ -45,12 +50,15 @@ _FALSE = frozenset({"", "0", "false", "no", "off"})
 # --- legacy dp_size switch -------------------------------------------------------------------
 
 
-def legacy_dp_size_enabled(environ: Mapping[str, str] | None = None) -> bool:
-    """Whether ``SGLANG_SIDECAR_OVERLAY_LEGACY_DP_SIZE`` asks for pre-0.5.22 ``dp_size``."""
+def legacy_dp_size_enabled(
+    environ: Mapping[str, str] | None = None, sidecar: str | None = None
+) -> bool:
+    """Whether ``SGLANG_SIDECAR_OVERLAY_LEGACY_DP_SIZE`` asks for pre-0.5.22 ``dp_size``; unset,
+    whether the node's ``--sidecar`` module is a consumer that needs it."""
     env = os.environ if environ is None else environ
     raw = env.get(LEGACY_DP_SIZE_ENV)
     if raw is None:
-        return False
+        return sidecar in DP_SIZE_CHECKING_SIDECARS
     value = raw.strip().lower()
     if value in _TRUE:
         return True

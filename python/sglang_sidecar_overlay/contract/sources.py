@@ -20,13 +20,18 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "DEFAULT_ENCODING",
+    "SOURCE_BOUNDS",
     "SourceConflictError",
     "aggregate_sources",
     "describe_source",
 ]
 
 _SOURCE_KEYS = ("dp_rank", "endpoint", "topic", "block_size")
-_OPTIONAL_KEYS = ("encoding", "replay_endpoint")
+# The publisher's effective bounds, each a count of batches (0: the publisher applies none;
+# replay_buffer_steps 0: nothing is kept for replay). Reported only where SGLang's publisher
+# exposes them; never filled in with defaults.
+SOURCE_BOUNDS = ("replay_buffer_steps", "hwm", "max_queue_size")
+_OPTIONAL_KEYS = ("encoding", "replay_endpoint", *SOURCE_BOUNDS)
 
 # The wire format of the event batches (third frame of a live message): SGLang's
 # ZmqEventPublisher packs every KVEventBatch with msgspec's msgpack encoder. An entry reported
@@ -45,17 +50,20 @@ def describe_source(
     block_size: int,
     replay_endpoint: str | None = None,
     encoding: str = DEFAULT_ENCODING,
+    bounds: Mapping[str, int] | None = None,
 ) -> dict[str, Any] | None:
     """One ``kv_event_sources`` entry for a bound publisher, or None when not subscribable.
 
     ``bound_endpoint`` and ``replay_endpoint`` are what the sockets report after bind
     (ZMQ ``LAST_ENDPOINT``); pass ``None`` for a connect-style publisher or no replay socket.
     ``block_size`` is page_size × dcp_size, the size a router must hash with; ``encoding``
-    the wire format of the event batches.
+    the wire format of the event batches; ``bounds`` the publisher's effective
+    ``SOURCE_BOUNDS`` that are known (the others are left out).
     """
     _check_rank(dp_rank)
     _check_block_size(block_size)
     _check_encoding(encoding)
+    checked_bounds = _checked_bounds(bounds or {})
     if not isinstance(topic, str):
         raise TypeError(f"topic must be a str, got {topic!r}")
     endpoint = normalize_endpoint(bound_endpoint)
@@ -74,7 +82,22 @@ def describe_source(
         source["replay_endpoint"] = replay
     elif replay_endpoint is not None:
         logger.debug("replay endpoint %r of rank %d is not advertised", replay_endpoint, dp_rank)
+    source.update(checked_bounds)
     return source
+
+
+def _checked_bounds(bounds: Mapping[str, Any]) -> dict[str, int]:
+    unknown = sorted(set(bounds) - set(SOURCE_BOUNDS))
+    if unknown:
+        raise ValueError(f"unknown KV source bounds {unknown}; known: {list(SOURCE_BOUNDS)}")
+    checked = {}
+    for key in SOURCE_BOUNDS:
+        if key in bounds:
+            value = bounds[key]
+            if not is_int(value) or value < 0:
+                raise ValueError(f"{key} must be an int >= 0 (batches), got {value!r}")
+            checked[key] = value
+    return checked
 
 
 def _check_rank(dp_rank: Any) -> None:
@@ -101,6 +124,7 @@ def aggregate_sources(sources: Iterable[Mapping[str, Any]]) -> list[dict[str, An
     """A node's sources: exact duplicates dropped, sorted by ``dp_rank``, conflicts refused.
 
     Every returned entry carries ``encoding``; an entry without one gets ``DEFAULT_ENCODING``.
+    Reported ``SOURCE_BOUNDS`` are kept (checked, never added).
 
     Raises ``SourceConflictError`` when two entries share a rank but differ, or when one
     address (endpoint or replay endpoint) is claimed by two ranks; ``ValueError`` for a
@@ -159,6 +183,10 @@ def _checked_source(raw: Mapping[str, Any]) -> dict[str, Any]:
     if raw.get("replay_endpoint") is not None:
         _check_advertisable(raw["replay_endpoint"], raw)
         source["replay_endpoint"] = raw["replay_endpoint"]
+    try:
+        source.update(_checked_bounds({k: raw[k] for k in SOURCE_BOUNDS if k in raw}))
+    except ValueError as exc:
+        raise ValueError(f"KV source {dict(raw)!r}: {exc}") from None
     return source
 
 

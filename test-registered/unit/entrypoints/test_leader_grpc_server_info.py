@@ -9,10 +9,8 @@ a stand-in tokenizer manager carries the real server args (it needs a model to e
 """
 
 import json
-import tempfile
 import types
 import unittest
-from pathlib import Path
 
 import jsonschema
 from overlay_harness import in_process
@@ -28,13 +26,8 @@ register_cpu_ci(est_time=9, suite="base-a-test-cpu")
 class TestLeaderGrpcServerInfo(CustomTestCase):
     @classmethod
     def setUpClass(cls):
-        cls._tmp = tempfile.TemporaryDirectory(prefix="overlay-model-")
         # A native-gRPC leader's launch-time groups.
-        cls.server_args = in_process.leader_with_launch_hooks(Path(cls._tmp.name), ["leader_grpc"])
-
-    @classmethod
-    def tearDownClass(cls):
-        cls._tmp.cleanup()
+        cls.server_args = in_process.leader_with_launch_hooks(["leader_grpc"])
 
     def _handle(self, sources: list) -> RuntimeHandle:
         handle = RuntimeHandle.__new__(RuntimeHandle)

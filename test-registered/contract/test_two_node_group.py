@@ -1,0 +1,343 @@
+"""One two-node attention-DP group on real inference, read by everything that consumes the
+contract, with NVIDIA Dynamo's released sidecar on every node and Dynamo's router as the oracle.
+
+CPU-only: SGLang's real schedulers on the CPU test platform (``cpu_platform/``), the tiny
+config-only model with dummy weights, ``--tp 2 --dp 2 --enable-dp-attention`` over two nodes
+(rank 0 on the leader, rank 1 on the follower), a real gloo rendezvous across the test's
+bridge (each node is its own host, ``overlay_harness.netns``), real requests through the
+leader's HTTP server, the real radix cache and each rank's real ``ZmqEventPublisher`` (page
+size 16, with a replay ROUTER). Nothing stands in for a GPU but the platform.
+
+Each node runs ``--sidecar dynamo.sglang.sidecar`` (ai-dynamo 1.6.1) under the overlay's
+supervisor: leader mode on node 0 (it registers ``dynamo.backend.generate``), relay mode on
+node 1 (``--sidecar-on-followers``: it relays rank 1's events under the leader's worker).
+The ``dp_size`` switch is not set: the overlay turns it on for this consumer by itself.
+Dynamo's standalone router (``python -m dynamo.router``) runs on the leader's host, with file
+discovery, TCP requests and ZMQ events: no etcd, no NATS.
+
+In order (the last one takes the group down):
+1. each node lists its own rank's source; each advertised loopback endpoint delivers a live
+   batch of a real request on its own node and refuses a connection from the other node;
+2. per rank, a prompt pinned to it (``routed_dp_rank``) is stored by that rank: its
+   ``BlockStored`` events, received on the rank's node through the advertised endpoint, carry
+   the rank, the advertised block size and the prompt's pages; a replay from a sequence number
+   returns the same batches, byte for byte;
+3. ``sglang-sidecar-overlay probe --listen`` and ``--watch`` on the follower see those events;
+4. ``probe --group`` on the leader's host passes, and names the follower when it is left out;
+5. the router sees every rank: a prompt served on rank 1 scores its pages on (worker, rank 1)
+   and none on rank 0, and the other way round; the first prompt sent unpinned through the
+   router's ``generate`` goes to rank 1 (on the follower node) and is served from its cache,
+   a second one to rank 0;
+6. the switch's default for this consumer: each node logs it once and reports ``dp_size`` 2;
+7. a scheduler that raises (a request with token ids beyond the vocabulary, pinned to rank 1:
+   SGLang's SIGQUIT path) while the follower's metadata server and sidecar run: the follower's
+   health turns NOT_SERVING, its sidecar goes with it, the router drops rank 1, and
+   ``probe --group`` names the follower.
+"""
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import unittest
+from pathlib import Path
+from unittest import mock
+
+from overlay_harness import differences, dynamo, kv_events, nodes, probes
+from overlay_harness.checks import NodeInfoChecks
+from overlay_harness.group import PAGE_SIZE, EngineGroup
+from overlay_harness.testcase import NodesTestCase
+from sglang.test.ci.ci_register import register_cpu_ci
+from sglang_sidecar_overlay import releases
+
+register_cpu_ci(est_time=180, suite="base-a-test-cpu")
+
+RELEASE = releases.installed_sglang_version() or ""
+REPLAY_HAS_TOPIC = releases.adapter_for(RELEASE or "0") == "sglang_sidecar_overlay.adapters.v0_5_22"
+ATTENTION_DP = ["--tp", "2", "--dp", "2", "--enable-dp-attention"]
+REPLAY_DEADLINE = 60.0
+GONE_DEADLINE = 120.0
+SWITCH_DEFAULT_LOG = "SGLANG_SIDECAR_OVERLAY_LEGACY_DP_SIZE not set: on for --sidecar"
+# Token ids the tiny model's vocabulary (512) does not have.
+OUT_OF_VOCABULARY = [600 + i for i in range(32)]
+NEW_TOKENS = 4
+PROBE_WINDOW = 15
+PROBE_REQUESTS = 60
+
+
+def overlay_cli(on: nodes.Node, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """The installed ``sglang-sidecar-overlay`` CLI, run on ``on``'s host, no terminal."""
+    command = [sys.executable, "-m", "sglang_sidecar_overlay", *args]
+    return subprocess.run(
+        on.command(command), capture_output=True, text=True, timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+
+
+def probe_group(on: nodes.Node, *targets: str) -> tuple[int, dict, str]:
+    """``probe --group`` on ``on``'s host (JSON and human output); (exit code, JSON, text)."""
+    as_json = overlay_cli(on, "probe", "--group", *targets, "--json")
+    text = overlay_cli(on, "probe", "--group", *targets)
+    assert as_json.returncode == text.returncode, (as_json.stdout, text.stdout)
+    return as_json.returncode, json.loads(as_json.stdout), text.stdout
+
+
+def group_errors(report: dict) -> dict:
+    return {c["field"]: c["message"] for c in report["checks"] if c["level"] == "error"}
+
+
+def consumer_pids(node: nodes.Node) -> list[int]:
+    """Live processes of the node's Dynamo sidecar (the supervisor's shim and its provider)."""
+    marker = f"sglang-sidecar:{dynamo.DYNAMO}".encode()
+    found = []
+    for pid in nodes.pids_with_tag(node.tag):
+        with contextlib.suppress(OSError):
+            if marker in Path(f"/proc/{pid}/cmdline").read_bytes():
+                found.append(pid)
+    return found
+
+
+class TestTwoNodeGroup(NodesTestCase, NodeInfoChecks):
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        cls._stack = contextlib.ExitStack()
+        try:
+            cls.group = EngineGroup(2, ATTENTION_DP)
+            cls._stack.enter_context(
+                mock.patch.dict(
+                    os.environ, dynamo.consumer_environ(cls.workdir, legacy=None), clear=True
+                )
+            )
+            follower = cls.group.launch(
+                1, sidecar=dynamo.DYNAMO, sidecar_args=dynamo.sidecar_args(follower=True)
+            )
+            leader = cls.group.launch(
+                0,
+                sidecar=dynamo.DYNAMO,
+                sidecar_args=dynamo.sidecar_args(follower=False),
+                extra=dynamo.LEADER_ARGS,
+            )
+            # Follower first: it waits for its leader in the rendezvous, as in production.
+            cls.follower, cls.leader = cls._stack.enter_context(
+                nodes.running(follower, leader, names=["follower", "leader"],
+                              log_dir=cls.workdir)
+            )  # fmt: skip
+            for node in (cls.follower, cls.leader):
+                node.expect_ready()
+            cls.nodes = [cls.leader, cls.follower]
+            cls.infos = [node.server_info() for node in cls.nodes]
+            cls.router = dynamo.Router(cls.leader.host, PAGE_SIZE, cls.workdir / "router.log")
+            cls._stack.callback(cls.router.stop)
+        except BaseException:
+            cls._stack.close()
+            raise
+
+    @classmethod
+    def tearDownClass(cls):
+        try:
+            cls._stack.close()
+        finally:
+            super().tearDownClass()
+
+    def target(self, node_rank: int) -> str:
+        return f"{self.group.address(node_rank)}:{self.group.grpc_ports[node_rank]}"
+
+    def source(self, rank: int) -> tuple[nodes.Node, dict]:
+        """The node that owns publisher rank ``rank``, and its advertised source."""
+        for node, info in zip(self.nodes, self.infos, strict=True):
+            for source in info["kv_event_sources"]:
+                if source["dp_rank"] == rank:
+                    return node, source
+        raise AssertionError(f"no node advertises rank {rank}")
+
+    def test_1_each_node_lists_its_own_source_reachable_only_there(self):
+        for node_rank, info in enumerate(self.infos):
+            self.assert_node_info(info, self.group, node_rank, [node_rank])
+            self.assertEqual(info["kv_event_rank_space"]["size"], 2)
+        self.assert_group_sources(self.nodes, self.infos)
+
+    def test_2_real_events_per_rank_through_the_advertised_endpoints(self):
+        for rank in (0, 1):
+            owner, source = self.source(rank)
+            prompt = kv_events.prompt()
+            wanted = kv_events.stored_prompt_pages(prompt, NEW_TOKENS)
+            received: list = []
+            with owner.stream(probes.kv_batches, source["endpoint"], source["topic"], 120) as live:
+                self.assertEqual(live.next_item(timeout=60), "subscribed")
+                self.leader.generate(prompt, NEW_TOKENS, rank)
+                stored: list = []
+                while not all(page in stored for page in wanted):
+                    received.append(live.next_item(timeout=60))
+                    stored += [
+                        t for t, _ in kv_events.stored_pages([kv_events.decode(received[-1][1])])
+                    ]
+            batches = [kv_events.decode(payload) for _seq, payload in received]
+            pages = kv_events.stored_pages(batches)
+            self.assertTrue(all(b.attn_dp_rank == rank for b in batches), batches)
+            self.assertEqual({size for _tokens, size in pages}, {source["block_size"]})
+            self.assertEqual([t for t, _ in pages if t in wanted], wanted, f"rank {rank}")
+            # A consumer that missed them asks the replay ROUTER from the first one's number.
+            first = received[0][0]
+            replayed = owner.inside(
+                probes.replay, source["replay_endpoint"], first, REPLAY_DEADLINE
+            )
+            by_seq = {seq: payload for _topic, seq, payload in replayed}
+            for seq, payload in received:
+                self.assertEqual(by_seq.get(seq), payload, f"rank {rank}: seq {seq} replayed")
+            topics = {topic for topic, _seq, _payload in replayed}
+            # 0.5.22+ replay each batch with its topic frame, earlier releases without one.
+            self.assertEqual(topics, {source["topic"]} if REPLAY_HAS_TOPIC else {None})
+            sys.stderr.write(
+                f"[{RELEASE}] rank {rank} on {owner.name}: {len(received)} live batch(es) "
+                f"(seq {[s for s, _ in received]}), {len(pages)} page(s) stored, block size "
+                f"{source['block_size']}; replay from {first}: {len(replayed)} batch(es)\n"
+            )
+
+    def test_3_probe_listen_and_watch_see_real_events_on_the_follower(self):
+        checks = {
+            "--listen": r"rank 1 .* [1-9]\d* batches / [1-9]\d* events live",
+            "--watch": r"node_rank=1 rank=1 .*last_seq=\d+ gaps=0",
+        }
+        for mode, expected in checks.items():
+            argv = [sys.executable, "-m", "sglang_sidecar_overlay", "probe", self.target(1),
+                    mode, str(PROBE_WINDOW)]  # fmt: skip
+            with subprocess.Popen(
+                self.follower.command(argv), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                text=True, stdin=subprocess.DEVNULL,
+            ) as probe:  # fmt: skip
+                try:
+                    # Rank 1 stores new pages for as long as the probe listens.
+                    for _ in range(PROBE_REQUESTS):
+                        if probe.poll() is not None:
+                            break
+                        self.leader.generate(kv_events.prompt(), 1, 1)
+                    output, _ = probe.communicate(timeout=120)
+                finally:
+                    probe.kill()
+            sys.stderr.write(f"[{RELEASE}] probe {mode} {PROBE_WINDOW}:\n{output}\n")
+            self.assertEqual(probe.returncode, 0, output)
+            self.assertRegex(output, expected)
+
+    def test_4_group_probe_from_the_leaders_host(self):
+        leader, follower = self.target(0), self.target(1)
+        code, report, text = probe_group(self.leader, follower, leader)
+        self.assertEqual(code, 0, text)
+        self.assertTrue(report["ok"], text)
+        self.assertEqual(
+            report["ranks"],
+            {
+                "0": [{"node_rank": 0, "target": leader}],
+                "1": [{"node_rank": 1, "target": follower}],
+            },
+        )
+        health = "absent" if differences.differs(differences.FOLLOWER_HEALTH) else "SERVING"
+        self.assertIn(f"node_rank 1  {follower}  ranks 1  health {health}", text)
+        print(f"--- probe --group {follower} {leader}\n{text}", file=sys.stderr)
+
+        code, report, text = probe_group(self.leader, leader)
+        self.assertEqual(code, 1, text)
+        errors = group_errors(report)
+        self.assertEqual(
+            errors["rank 1"],
+            "no node advertises it; expected on node_rank 1 (not given): is its publisher missing?",
+        )
+        self.assertIn("nnodes=2 but 1 address(es) were given", errors["nnodes"])
+
+    def test_5_the_router_sees_and_uses_every_rank(self):
+        on_rank = {1: kv_events.prompt(), 0: kv_events.prompt()}
+        pages = len(kv_events.stored_prompt_pages(on_rank[1], NEW_TOKENS))
+        before = {rank: self.router.wait_for_ranks({0, 1}, p) for rank, p in on_rank.items()}
+        self.assertEqual(before, {1: {0: 0, 1: 0}, 0: {0: 0, 1: 0}})
+        scores = {}
+        for rank, prompt in on_rank.items():
+            self.leader.generate(prompt, NEW_TOKENS, rank)
+            other = 1 - rank
+            scores[rank] = nodes.wait_for(
+                lambda p=prompt, r=rank: (s := self.router.overlap(p))[r] == pages and s,
+                dynamo.ROUTER_DEADLINE,
+                f"the router to see the prompt's {pages} pages on rank {rank}",
+            )
+            self.assertEqual(scores[rank], {rank: pages, other: 0})
+        sys.stderr.write(
+            f"[{RELEASE}] overlap scores before: {before}; after each pinned prompt: {scores}\n"
+        )
+        routed = {rank: self.router.generate(p, NEW_TOKENS) for rank, p in on_rank.items()}
+        reused = kv_events.reused_tokens(on_rank[1])
+        for rank, result in routed.items():
+            self.assertEqual(result["prefill_dp_rank"], rank, result)
+            self.assertEqual(result["cached_tokens"], reused, result)
+        # Rank 1's prefill ran on the follower node, from its cache.
+        cached = f"#cached-token: {reused}"
+        self.assertTrue(
+            any(
+                "TP1]" in line and cached in line for line in self.follower.log_text().splitlines()
+            ),
+            f"no '{cached}' prefill logged by rank 1 on the follower",
+        )
+        sys.stderr.write(f"[{RELEASE}] routed through the router's generate: {routed}\n")
+
+    def test_6_the_switch_defaults_on_for_this_consumer(self):
+        for node, info in zip(self.nodes, self.infos, strict=True):
+            self.assertEqual(info["dp_size"], 2, node.name)
+            if differences.differs(differences.DYNAMO_SWITCH_DEFAULT):
+                continue  # set explicitly there (overlay_harness.dynamo.consumer_environ)
+            self.assertEqual(node.log_text().count(SWITCH_DEFAULT_LOG), 1, node.log_tail())
+
+    def test_7_a_raising_follower_scheduler_takes_its_sidecar_and_rank_away(self):
+        prompt = kv_events.prompt()
+        self.assertEqual(set(self.router.wait_for_ranks({0, 1}, prompt)), {0, 1})
+        sidecar = consumer_pids(self.follower)
+        self.assertTrue(sidecar, "the follower's sidecar is not running")
+        watch = None
+        if not differences.differs(differences.FOLLOWER_HEALTH):
+            watch = self.follower.watch_health()
+            self.assertEqual(watch.first_status(), nodes.SERVING)
+        try:
+            with contextlib.suppress(AssertionError):  # the request dies with its rank
+                self.leader.generate(OUT_OF_VOCABULARY, 1, 1, seconds=10)
+            if watch is not None:
+                self.assertEqual(watch.statuses_until(nodes.NOT_SERVING)[-1], nodes.NOT_SERVING)
+        finally:
+            if watch is not None:
+                watch.close()
+        self.follower.proc.wait(timeout=GONE_DEADLINE)
+        self.assertNotEqual(self.follower.proc.returncode, 0)
+        log = self.follower.log_text()
+        self.assertIn("Scheduler hit an exception", log)
+        if not differences.differs(differences.FOLLOWER_HEALTH):
+            # The overlay's stop ran ahead of SGLang's SIGQUIT handler: the sidecar was told.
+            crash = log.index("Scheduler hit an exception")
+            stopped = log.index(f"follower sidecar {dynamo.DYNAMO} pid=", crash)
+            self.assertLess(log.index("SIGQUIT on follower node 1", crash), stopped)
+        nodes.wait_for(
+            lambda: consumer_pids(self.follower) == [],
+            GONE_DEADLINE,
+            "the follower's sidecar to go",
+        )
+        ranks = nodes.wait_for(
+            lambda: (seen := self._router_ranks(prompt)) is not None
+            and 1 not in seen
+            and (sorted(seen) or ["none"]),
+            GONE_DEADLINE,
+            "the router to drop rank 1",
+        )
+        sys.stderr.write(
+            f"[{RELEASE}] follower scheduler raised: node exit {self.follower.proc.returncode}, "
+            f"sidecar {sidecar} gone, router ranks now {ranks}\n"
+        )
+        code, report, text = probe_group(self.leader, self.target(0), self.target(1))
+        self.assertEqual(code, 1, text)
+        self.assertTrue(any(self.target(1) in field for field in group_errors(report)), text)
+
+    def _router_ranks(self, prompt: list[int]) -> set[int] | None:
+        """The DP ranks the router still scores; None when it does not answer."""
+        try:
+            return set(self.router.overlap(prompt))
+        except AssertionError:
+            return None
+
+
+if __name__ == "__main__":
+    unittest.main()

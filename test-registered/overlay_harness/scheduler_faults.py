@@ -1,0 +1,80 @@
+"""Faults injected into SGLang's real scheduler process, for the fault tests.
+
+A node started with ``FAULT_ENV`` set passes ``run_faulty_scheduler`` as SGLang's own
+``run_scheduler_process_func`` (the parameter ``Engine`` and ``launch_server`` take for other
+scheduler backends), which runs the release's real ``run_scheduler_process`` around the fault:
+
+- ``kill_at_start``: the scheduler process is SIGKILLed as it starts, before it reports ready
+  (so before any rendezvous: a follower needs no leader to show it);
+- ``kill_after_ready``: the real scheduler initialises, then is SIGKILLed with its ready message
+  on the way: the message reaches the engine only once the scheduler is dead, so the engine
+  takes a dead scheduler for a ready one;
+- ``shared_kv_endpoint``: on a follower (``--node-rank >= 1``) SGLang's per-rank endpoint
+  offset (``ZmqEventPublisher.offset_endpoint_port``) is dropped, so with an ``ipc://``
+  kv-events endpoint every publisher of the node binds the same path (libzmq replaces the
+  socket file) and reports it: a misconfigured node whose ranks claim one address. SGLang
+  never does this on its own.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import signal
+from typing import Any
+
+FAULT_ENV = "OVERLAY_HARNESS_SCHEDULER_FAULT"
+FAULTS = ("kill_at_start", "kill_after_ready", "shared_kv_endpoint")
+
+
+def requested_fault() -> str | None:
+    """The fault this node's schedulers get, None for none; an unknown name is an error."""
+    fault = os.environ.get(FAULT_ENV) or None
+    if fault is not None and fault not in FAULTS:
+        raise ValueError(f"{FAULT_ENV}={fault!r}: expected one of {FAULTS}")
+    return fault
+
+
+def scheduler_function() -> Any:
+    """What the node passes as ``run_scheduler_process_func``: None (SGLang's default) unless
+    a fault is requested."""
+    return run_faulty_scheduler if requested_fault() else None
+
+
+def run_faulty_scheduler(*args: Any, **kwargs: Any) -> None:
+    """Same arguments as the installed release's ``run_scheduler_process``."""
+    from sglang.srt.managers import scheduler
+
+    fault = requested_fault()
+    if fault == "kill_at_start":
+        os.kill(os.getpid(), signal.SIGKILL)
+    bound = inspect.signature(scheduler.run_scheduler_process).bind(*args, **kwargs)
+    if fault == "shared_kv_endpoint" and (bound.arguments["server_args"].node_rank or 0) >= 1:
+        from sglang.srt.disaggregation.kv_events import ZmqEventPublisher
+
+        ZmqEventPublisher.offset_endpoint_port = staticmethod(lambda endpoint, rank: endpoint)
+    if fault == "kill_after_ready":
+        bound.arguments["pipe_writer"] = _ReadyAfterDeath(bound.arguments["pipe_writer"])
+    scheduler.run_scheduler_process(*bound.args, **bound.kwargs)
+
+
+class _ReadyAfterDeath:
+    """The scheduler's ready pipe, whose first message is delivered only after the scheduler
+    is dead: a forked child sends it once it sees EOF on a pipe only the scheduler writes to,
+    then the scheduler SIGKILLs itself."""
+
+    def __init__(self, pipe_writer: Any) -> None:
+        self._pipe_writer = pipe_writer
+
+    def send(self, message: Any) -> None:
+        death_r, death_w = os.pipe()
+        if os.fork() == 0:
+            os.close(death_w)
+            os.read(death_r, 1)
+            self._pipe_writer.send(message)
+            os._exit(0)
+        os.close(death_r)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._pipe_writer, name)
