@@ -22,9 +22,13 @@ import multiprocessing.connection
 import os
 import threading
 from collections.abc import Callable, Iterable
-from typing import Protocol, cast
+from typing import TYPE_CHECKING, cast
 
 from sglang_sidecar_overlay.contract.endpoints import format_host_port
+
+if TYPE_CHECKING:
+    # The native module is imported only when a server starts (``_native_start``).
+    from sglang_sidecar_overlay._native import MetadataServer
 
 logger = logging.getLogger(__name__)
 
@@ -35,22 +39,10 @@ __all__ = ["DEFAULT_LINGER_S", "FollowerMetadataServer", "start_follower_server"
 DEFAULT_LINGER_S = 5.0
 
 
-class NativeServer(Protocol):
-    """What this module uses of ``_native.MetadataServer``."""
-
-    @property
-    def host(self) -> str: ...
-    @property
-    def port(self) -> int: ...
-    def is_alive(self) -> bool: ...
-    def set_serving(self, serving: bool) -> None: ...
-    def shutdown(self) -> None: ...
+StartFn = Callable[[str, int, str], "MetadataServer"]
 
 
-StartFn = Callable[[str, int, str], NativeServer]
-
-
-def _native_start(host: str, port: int, server_info_json: str) -> NativeServer:
+def _native_start(host: str, port: int, server_info_json: str) -> MetadataServer:
     from sglang_sidecar_overlay import _native
 
     return _native.start_metadata_server(host, port, server_info_json)
@@ -60,7 +52,7 @@ class FollowerMetadataServer:
     """One follower metadata server bound to the lifetime of a set of scheduler processes."""
 
     def __init__(
-        self, server: NativeServer, pids: Iterable[int], *, linger_s: float = DEFAULT_LINGER_S
+        self, server: MetadataServer, pids: Iterable[int], *, linger_s: float = DEFAULT_LINGER_S
     ) -> None:
         self._server = server
         self._pids = sorted({int(pid) for pid in pids})
