@@ -13,7 +13,8 @@ SGLANG_RELEASES ?= ci
 # a time, so two keep both cores of the 2-core CI machine busy.
 SGLANG_TEST_JOBS ?= 2
 
-.PHONY: venv build-dev wheel install lint rust-check python-lint test test-unit test-registered \
+.PHONY: venv build-dev wheel install lint rust-check python-lint type-check stub-check test \
+	test-unit test-registered \
 	benchmark-smoke selftest benchmark hostile fresh-venv-check sdist-check patches-check \
 	patched-wheel test-patched test-sglang demo clean
 
@@ -54,14 +55,32 @@ install: wheel
 	$(PIP) install --quiet "$$(ls $(WHEEL_DIR)/*.whl)[test]"
 	$(PIP) install --quiet --force-reinstall --no-deps "$$(ls $(WHEEL_DIR)/*.whl)"
 
+# The lint tools, pinned here, installed into the venv once (again whenever this file changes).
+LINT_TOOLS := "ruff==0.14.10" "mypy==2.4.1" "types-jsonschema==4.26.0.20261006"
+LINT_STAMP := $(VENV)/.lint-tools
+$(LINT_STAMP): Makefile | $(PY)
+	$(PIP) install --quiet $(LINT_TOOLS)
+	echo $(LINT_TOOLS) > $@
+
 rust-check:
 	cargo fmt --check
 	cargo clippy --all-targets --all-features -- -D warnings
 	cargo test
 
-python-lint:
+python-lint: $(LINT_STAMP) type-check stub-check
 	$(VENV)/bin/ruff check python tests test-registered scripts
 	$(VENV)/bin/ruff format --check python tests test-registered scripts
+	$(PYTHON) scripts/import_cycles.py
+
+# mypy --strict on contract/, server/ and sidecar/ (the files and settings are pyproject's).
+type-check: $(LINT_STAMP)
+	$(VENV)/bin/mypy
+
+# _native.pyi (the source tree's) against the module as built: the installed wheel, built and
+# installed first when this venv has none.
+stub-check: $(LINT_STAMP)
+	$(PY) -c "import sglang_sidecar_overlay._native" 2>/dev/null || $(MAKE) install
+	MYPYPATH=python $(PY) -m mypy.stubtest sglang_sidecar_overlay._native
 
 lint: rust-check python-lint
 
@@ -85,7 +104,7 @@ test-sglang:
 # Every benchmark row once with tiny durations, nothing written: keeps `make benchmark` from
 # rotting (runs after test-registered, whose cached SGLang envs rows 4 and 5 use).
 benchmark-smoke: install
-	$(PY) scripts/bench.py --smoke
+	$(PY) scripts/bench --smoke
 
 # The upstream patch series (patches/): apply it to the released SGLang tree with git am,
 # repack and install the rebuilt wheel into a cached env (scripts/patches.py).
@@ -112,7 +131,7 @@ demo: install
 	$(PYTHON) scripts/sglang_envs.py demo --wheel-dir $(WHEEL_DIR)
 
 benchmark: install
-	$(PY) scripts/bench.py
+	$(PY) scripts/bench
 
 # Hostile clients against this project's metadata server and upstream's: docs/hostile-input.md.
 hostile: install

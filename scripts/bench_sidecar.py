@@ -8,7 +8,7 @@ for a signal), and stop time for a cooperative and for a SIGTERM-ignoring sideca
 ``--impl upstream`` measures SGLang's own launcher instead (``Sidecar`` + ``SubprocessWatchdog``
 from ``sglang.srt.entrypoints.sidecar``, 1 s poll), so it must run under a Python that has SGLang
 installed; the same provider children are used for both. ``--only KIND`` runs one measurement and
-``--json`` prints the raw seconds, which is how ``scripts/bench.py`` interleaves the two.
+``--json`` prints the raw seconds, which is how ``scripts/bench`` interleaves the two.
 
 Uses the provider fixtures in ``tests/sidecar_providers``. Times are ``time.monotonic()``, which
 is system-wide on Linux, so the provider's stamps compare directly with the supervisor's.

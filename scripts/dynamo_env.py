@@ -9,9 +9,11 @@ an SGLang environment already has both, and its pinned versions are left alone.
 
     python scripts/dynamo_env.py --python ENV/bin/python [--version 1.6.1]
 
-From another script: ``install_dynamo(python_path)``; returns the installed versions. A second
-run finds everything in place and installs nothing. Uses the environment's ``pip`` module, or
-``uv pip`` for environments created without pip.
+From another script: ``install_dynamo(python_path, environ=...)``; returns the installed
+versions. A second run finds everything in place and installs nothing. Uses the environment's
+``pip`` module, or ``uv pip`` (the first on ``environ``'s PATH) for environments created
+without pip. ``environ`` is the environment the installers run with (default: this process's);
+nothing here changes ``os.environ``.
 """
 
 from __future__ import annotations
@@ -23,10 +25,10 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-logger = logging.getLogger("sglang_sidecar_overlay")
+logger = logging.getLogger(__name__)
 
 DEFAULT_VERSION = "1.6.1"
 PROVIDER_MODULE = "dynamo.sglang.sidecar"
@@ -57,14 +59,14 @@ class DynamoInstallError(RuntimeError):
     """The released sidecar could not be installed or does not import afterwards."""
 
 
-def probe(python: str | os.PathLike[str]) -> dict:
+def probe(python: str | os.PathLike[str], environ: Mapping[str, str] | None = None) -> dict:
     """Installed versions of the consumer's distributions and the provider's import status."""
     result = subprocess.run(
         [os.fspath(python), "-c", _PROBE],
         capture_output=True,
         text=True,
         check=False,
-        env=_clean_env(),
+        env=_clean_env(environ),
     )
     if result.returncode != 0:
         raise DynamoInstallError(f"{python} cannot run the probe: {result.stderr.strip()}")
@@ -76,16 +78,19 @@ def install_dynamo(
     version: str = DEFAULT_VERSION,
     *,
     quiet: bool = True,
+    environ: Mapping[str, str] | None = None,
 ) -> dict:
     """Make ``dynamo.sglang.sidecar`` of ``version`` importable by ``python``; idempotent.
 
-    Returns the probe report after the install. Raises DynamoInstallError when the provider
-    does not import afterwards.
+    ``environ`` is what the probes and installers run with (default: ``os.environ``). Returns
+    the probe report after the install. Raises DynamoInstallError when the provider does not
+    import afterwards.
     """
     python = os.fspath(python)
     if not Path(python).exists():
         raise DynamoInstallError(f"no interpreter at {python}")
-    before = probe(python)
+    env = _clean_env(environ)
+    before = probe(python, env)
     if _is_complete(before, version):
         logger.info("ai-dynamo %s already installed for %s", version, python)
         return before
@@ -96,6 +101,7 @@ def install_dynamo(
             [f"{name}=={version}" for name in DYNAMO_DISTRIBUTIONS],
             no_deps=True,
             quiet=quiet,
+            environ=env,
         )
     extras = []
     if before["pydantic"] is None:
@@ -103,9 +109,9 @@ def install_dynamo(
     if before["uvloop"] is None:
         extras.append(UVLOOP_REQUIREMENT)
     if extras:
-        _pip_install(python, extras, no_deps=False, quiet=quiet)
+        _pip_install(python, extras, no_deps=False, quiet=quiet, environ=env)
 
-    after = probe(python)
+    after = probe(python, env)
     if not _is_complete(after, version):
         raise DynamoInstallError(
             f"{PROVIDER_MODULE} is not usable in {python} after the install: {json.dumps(after)}"
@@ -127,33 +133,40 @@ def _is_complete(report: dict, version: str) -> bool:
     )
 
 
-def _pip_install(python: str, requirements: Sequence[str], *, no_deps: bool, quiet: bool) -> None:
+def _pip_install(
+    python: str,
+    requirements: Sequence[str],
+    *,
+    no_deps: bool,
+    quiet: bool,
+    environ: dict[str, str],
+) -> None:
     flags = ["--no-deps"] if no_deps else []
     if quiet:
         flags.append("--quiet")
     has_pip = (
         subprocess.run(
-            [python, "-m", "pip", "--version"], capture_output=True, check=False, env=_clean_env()
+            [python, "-m", "pip", "--version"], capture_output=True, check=False, env=environ
         ).returncode
         == 0
     )
     if has_pip:
         command = [python, "-m", "pip", "install", *flags, *requirements]
-    elif (uv := shutil.which("uv")) is not None:
+    elif (uv := shutil.which("uv", path=environ.get("PATH"))) is not None:
         command = [uv, "pip", "install", "--python", python, *flags, *requirements]
     else:
         raise DynamoInstallError(f"{python} has no pip module and no uv is on PATH")
     logger.info("running %s", " ".join(command))
-    result = subprocess.run(command, check=False, env=_clean_env())
+    result = subprocess.run(command, check=False, env=environ)
     if result.returncode != 0:
         raise DynamoInstallError(
             f"installing {' '.join(requirements)} failed ({result.returncode})"
         )
 
 
-def _clean_env() -> dict[str, str]:
-    """Our environment minus what would point the target interpreter at another environment."""
-    env = dict(os.environ)
+def _clean_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """``environ`` (default: ours) minus what would point the target interpreter elsewhere."""
+    env = dict(os.environ if environ is None else environ)
     for name in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV"):
         env.pop(name, None)
     return env

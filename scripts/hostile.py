@@ -5,7 +5,7 @@
 Runs every hostile pattern of ``tests/hostile_patterns.py`` (the same code the test suite
 runs) against ``_native.start_metadata_server`` with its default limits and against upstream's
 ``start_metadata_server`` (the ``_grpc`` extension of the sglang 0.5.23 wheel, loaded the way
-``scripts/bench.py`` loads it), each pattern on a fresh server process, while a well-behaved
+``scripts/bench`` loads it), each pattern on a fresh server process, while a well-behaved
 client on an established connection polls GetServerInfo. Then a soak from ``rust/bench-client``.
 Prints the table and writes ``docs/hostile-input.md`` with the command and the machine.
 Not part of the test suite.
@@ -25,8 +25,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-import bench  # noqa: E402
 import hostile_patterns as hp  # noqa: E402
+from bench.common import machine  # noqa: E402
+from bench.servers import UPSTREAM_RELEASE, upstream_grpc_extension  # noqa: E402
 
 SERVERS = ("ours", "upstream")
 SNAPSHOT_BYTES = 4096
@@ -84,7 +85,7 @@ def _cell(run: hp.Run) -> list[str]:
 
 
 def render(results: dict[str, Any], command: str) -> str:
-    m = bench.machine()
+    m = machine()
     stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     load = results["load"]
     lines = [
@@ -100,9 +101,10 @@ def render(results: dict[str, Any], command: str) -> str:
         "",
         "Servers: ours is `_native.start_metadata_server` with its default limits "
         "(see [security.md](security.md)); upstream is `start_metadata_server` from the "
-        f"sglang {bench.UPSTREAM_RELEASE} wheel's `_grpc` extension. Each pattern runs against "
+        f"sglang {UPSTREAM_RELEASE} wheel's `_grpc` extension. Each pattern runs against "
         f"a fresh server process serving a {SNAPSHOT_BYTES:,}-byte snapshot. The patterns are "
-        "`tests/hostile_patterns.py`, the code `tests/test_hostile_input.py` runs against ours.",
+        "`tests/hostile_patterns.py`, the code `tests/native/test_hostile_input.py` runs "
+        "against ours.",
         "",
         "- **status**: what the server did to the hostile client (HTTP/2 frames it sent back, "
         "`closed` when it closed the connection; GOAWAY codes: 1 PROTOCOL_ERROR, 6 "
@@ -151,7 +153,7 @@ def main() -> None:
     )
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
-    extension = str(bench.upstream_grpc_extension())
+    extension = str(upstream_grpc_extension())
     patterns = args.only or list(hp.PATTERNS)
     load_start = os.getloadavg()[0]
     results = run_all(patterns, extension, args.soak_calls, args.soak_calls_upstream)

@@ -15,8 +15,9 @@ Each patch is first checked with ``git apply --check --verbose`` (an offset, fuz
 fails the check), then applied with plain ``git am`` (no ``--3way``). The rebuilt wheel keeps
 the released wheel's tags and metadata, with the local version ``+sidecaroverlay.<n>`` (``n``
 = ``patches/sglang-<release>/REVISION``), and a RECORD listing the hash and size of every
-file. ``check`` also installs it into a cached env built by ``sglang_envs.build_env`` exactly
-like the stock envs (the torch wheels shared through the uv cache).
+file. ``check`` also installs it into a cached env built by ``envs.build_env`` exactly
+like the stock envs (the torch wheels shared through the uv cache). The rebuilt wheel's test
+session (``sglang_envs.py test --patched``) is built here too: :func:`patched_session`.
 
     scripts/patches.py check                    apply, repack, install (make patches-check)
     scripts/patches.py wheel --out dist-patched apply, repack, copy the wheel to --out
@@ -42,13 +43,15 @@ import subprocess
 import sys
 import time
 import zipfile
+from collections.abc import Sequence
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "scripts"))
+import envs
+from cache import cache_root, locked
+from sessions import Session, names_paths
+from sglang_wheel import sglang_wheel
 
-import sglang_envs  # noqa: E402
-from sglang_wheel import cache_root, sglang_wheel  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 RELEASE = "0.5.23"
 LOCAL_LABEL = "sidecaroverlay"
@@ -121,7 +124,7 @@ def git(repo: Path, *args: str | os.PathLike, capture: bool = False) -> str:
 def base_repo(release: str = RELEASE) -> Path:
     """The cached scratch repo holding the released wheel's tree as one commit."""
     repo = cache_root() / "patched" / f"base-{release}"
-    with sglang_envs.locked(repo.with_name(repo.name + ".lock")):
+    with locked(repo.with_name(repo.name + ".lock")):
         if (repo / ".complete").exists():
             return repo
         started = time.monotonic()
@@ -271,7 +274,7 @@ def build_patched_wheel(release: str = RELEASE) -> Path:
     """Apply the series to a fresh clone of the base tree and repack (cached by tree id)."""
     patches = series(release)
     work = cache_root() / "patched" / f"apply-{release}"
-    with sglang_envs.locked(work.with_name(work.name + ".lock")):
+    with locked(work.with_name(work.name + ".lock")):
         repo = scratch_clone(release, work)
         tree = apply_series(repo, patches)
         log(f"{len(patches)} patches applied exactly; python/ tree {tree[:12]}")
@@ -290,8 +293,67 @@ def build_patched_wheel(release: str = RELEASE) -> Path:
 def patched_env(release: str = RELEASE) -> tuple[Path, Path]:
     """(rebuilt wheel, cached env with it installed)."""
     wheel = build_patched_wheel(release)
-    env = sglang_envs.build_env(release, sglang_wheel=wheel)
+    env = envs.build_env(release, sglang_wheel=wheel)
     return wheel, env
+
+
+# --- the rebuilt wheel's test session --------------------------------------------------------
+
+# What the nodes' SGLANG_PLUGINS is set to in a --patched run: an allow-list naming no
+# installed plugin, so SGLang skips the overlay (test-registered's harness reads it).
+NO_PLUGIN = "none"
+TEST_PLUGINS_ENV = "SGLANG_OVERLAY_TEST_PLUGINS"
+# The scenario files compared on both sides (patches/DIFFERENCES.md says why the others are not).
+EQUIVALENCE_FILES = (
+    "test-registered/entrypoints/test_follower_metadata.py",
+    "test-registered/contract/test_two_node_group.py",
+    "test-registered/sidecar/test_sidecar_launch.py",
+    "test-registered/disaggregation/test_ordinary_dp_bootstrap_rank.py",
+)
+# Tells the tests which side they run on (test-registered/overlay_harness/differences.py).
+SIDE_ENV, REBUILT_WHEEL = "SGLANG_OVERLAY_TEST_SIDE", "rebuilt-wheel"
+PLUGIN_PROOF = (
+    "import logging, sys; logging.basicConfig(level=logging.INFO, stream=sys.stdout); "
+    "from sglang.srt.plugins import load_plugins; load_plugins(); "
+    "from sglang_sidecar_overlay import plugin; "
+    "print('overlay adapter:', plugin.installed_adapter())"
+)
+
+
+def prove_plugin_absent(env: Path) -> None:
+    """Show, in the env and with the nodes' SGLANG_PLUGINS, that the plugin is not loaded."""
+    environ = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
+    environ[envs.ENTRY_POINT.SGLANG_PLUGINS_ENV] = NO_PLUGIN
+    python = env / "bin" / "python"
+    out = subprocess.run(
+        [python, "-W", "ignore", "-c", PLUGIN_PROOF],
+        env=environ, cwd=env, capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    status = subprocess.run(
+        [env / "bin" / "sglang-sidecar-overlay", "status"],
+        env=environ, cwd=env, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    lines = [line for line in out.splitlines() if "overlay" in line]
+    for line in lines + status.stdout.splitlines():
+        envs.log(f"patched: {line}")
+    if "overlay adapter: None" not in out or "sglang-sidecar-overlay: SGLang" in out:
+        raise SystemExit("the overlay plugin loaded in the patched env")
+    if status.returncode == 0:
+        raise SystemExit("sglang-sidecar-overlay status says active in the patched env")
+    envs.log("patched: plugin not loaded (status exit code 1: inactive)")
+
+
+def patched_session(releases: list[str], wheel: Path, pytest_args: Sequence[str]) -> Session:
+    """The same test-registered files against the rebuilt wheel, the plugin not loaded."""
+    if releases != [RELEASE]:
+        raise SystemExit(f"--patched runs on {RELEASE} only (the series' base)")
+    _, env = patched_env(RELEASE)
+    envs.prepare_session_env(env, wheel)
+    prove_plugin_absent(env)
+    if not names_paths(pytest_args):
+        pytest_args = [*pytest_args, *(str(ROOT / path) for path in EQUIVALENCE_FILES)]
+    sides = {TEST_PLUGINS_ENV: NO_PLUGIN, SIDE_ENV: REBUILT_WHEEL}
+    return Session(f"{RELEASE} (rebuilt wheel)", env, pytest_args, sides)
 
 
 def check(release: str) -> int:
@@ -409,7 +471,7 @@ def upstream_tests(release: str, tests_dir: Path, against: str, pytest_args: lis
                 log(f"applied {name} to the rebuilt side's copy")
             python = patched_env(release)[1] / "bin" / "python"
         else:
-            python = sglang_envs.build_env(release) / "bin" / "python"
+            python = envs.build_env(release) / "bin" / "python"
         for selector in UPSTREAM_TESTS:
             if selector.split("::")[0] in present:
                 outcome = _run_upstream_test(python, root, selector, pytest_args)

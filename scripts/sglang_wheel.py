@@ -1,26 +1,19 @@
 """The released sglang wheel, downloaded once into the shared cache (standard library only).
 
-Used by ``scripts/bench.py`` (the ``_grpc`` extension out of it) and ``scripts/patches.py``
+Used by ``scripts/bench`` (the ``_grpc`` extension out of it) and ``scripts/patches.py``
 (the Python tree the upstream patch series applies to). The wheel lands in
 ``$SGLANG_OVERLAY_CACHE/wheels`` (default ``~/.cache/sglang-sidecar-overlay/wheels``) under
 its own file name, fetched with ``pip download --no-deps`` for this interpreter's platform,
-and is reused from there; a lock keeps two runs from downloading it at once.
+and is reused from there; the cache's lock keeps two runs from downloading it at once.
 """
 
 from __future__ import annotations
 
-import fcntl
-import os
 import subprocess
 import sys
 from pathlib import Path
 
-
-def cache_root() -> Path:
-    configured = os.environ.get("SGLANG_OVERLAY_CACHE")
-    if configured:
-        return Path(configured).expanduser().resolve()
-    return Path.home() / ".cache" / "sglang-sidecar-overlay"
+from cache import cache_root, locked
 
 
 def wheel_dir() -> Path:
@@ -32,8 +25,7 @@ def wheel_dir() -> Path:
 def sglang_wheel(release: str) -> Path:
     """The ``sglang==<release>`` wheel file, downloaded on first use."""
     directory = wheel_dir()
-    with open(directory / f"sglang-{release}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with locked(directory / f"sglang-{release}.lock"):
         wheels = sorted(directory.glob(f"sglang-{release}-*.whl"))
         if not wheels:
             subprocess.run(

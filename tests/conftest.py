@@ -4,9 +4,15 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 import zmq
+
+# The test tree (helpers and data live at its top, next to this file) and the repository.
+TESTS = Path(__file__).resolve().parent
+ROOT = TESTS.parent
 
 
 @pytest.fixture
@@ -51,3 +57,16 @@ def has_ipv6_loopback() -> bool:
     except OSError:
         return False
     return True
+
+
+@pytest.fixture
+def server(request: pytest.FixtureRequest) -> Iterator[Any]:
+    """A native metadata server on a free loopback port serving the test module's ``SNAPSHOT``,
+    shut down at teardown."""
+    from sglang_sidecar_overlay._native import start_metadata_server
+
+    srv = start_metadata_server("127.0.0.1", 0, request.module.SNAPSHOT)
+    try:
+        yield srv
+    finally:
+        srv.shutdown()

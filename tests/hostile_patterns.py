@@ -1,12 +1,12 @@
 """Hostile clients of a metadata server, and how to watch the server while they run.
 
-Shared by ``tests/test_hostile_input.py`` (this project's server, assertions on behaviour) and
-``scripts/hostile.py`` (this project's and upstream SGLang's, side by side, into
+Shared by ``tests/native/test_hostile_input.py`` (this project's server, assertions on
+behaviour) and ``scripts/hostile.py`` (this project's and upstream SGLang's, side by side, into
 ``docs/hostile-input.md``). Every pattern talks to a real server over loopback with real
 sockets, and every loop in it is bounded in count and in time.
 
-The server runs in its own process (``python hostile_patterns.py _serve KIND SIZE [EXTENSION]``)
-so its resident memory can be read from ``/proc`` while the patterns run in this one.
+The server runs in its own process (the benchmark's ``bench.servers.server_process``) so its
+resident memory can be read from ``/proc`` while the patterns run in this one.
 """
 
 from __future__ import annotations
@@ -28,125 +28,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sglang_sidecar_overlay.tools.probe.wire import GET_SERVER_INFO_PATH as GET_SERVER_INFO
+
 ROOT = Path(__file__).resolve().parent.parent
-GET_SERVER_INFO = "/sglang.runtime.v1.SglangService/GetServerInfo"
+if str(ROOT / "scripts") not in sys.path:
+    sys.path.insert(0, str(ROOT / "scripts"))
+
+# The server under test, in its own process, is the benchmark's (``python -m bench.serve``).
+from bench.servers import (  # noqa: E402
+    ServerProcess,
+    build_client,
+    encoded_response,
+    server_process,
+    snapshot,
+)
+
+__all__ = ["ServerProcess", "server_process", "snapshot"]
+
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 MIB = 1024 * 1024
-
-# --- the server under test, in its own process ----------------------------------------------
-
-
-def snapshot(size: int) -> str:
-    """A JSON object of exactly ``size`` bytes."""
-    head, tail = '{"pad":"', '"}'
-    return head + "x" * (size - len(head) - len(tail)) + tail
-
-
-def _serve_main(kind: str, size: int, extension: str | None) -> None:
-    """Child process: start one server on a free port, report it, serve until stdin closes."""
-    json_info = snapshot(size)
-    if kind == "ours":
-        from sglang_sidecar_overlay._native import start_metadata_server
-
-        server = start_metadata_server("127.0.0.1", 0, json_info)
-        port, stop = server.port, server.shutdown
-    else:
-        # Upstream's extension is loaded the way the benchmark loads it.
-        port, stop = _bench().load_starter(kind, extension or "")(json_info, 0)
-    print(json.dumps({"port": port}), flush=True)
-    sys.stdin.read()
-    stop()
-
-
-def response_message_len(json_info: str) -> int:
-    """Bytes of the encoded ``GetServerInfoResponse{json_info}`` (field 1, length-delimited)."""
-    size = len(json_info.encode())
-    varint = 1
-    while size >= 128**varint:
-        varint += 1
-    return 1 + varint + size if size else 0
-
-
-def _bench() -> Any:
-    """``scripts/bench.py`` as a module: the upstream loader and the load client come from it."""
-    scripts = str(ROOT / "scripts")
-    if scripts not in sys.path:
-        sys.path.insert(0, scripts)
-    import bench
-
-    return bench
-
-
-def bench_client() -> Path:
-    """The Rust HTTP/2 load client ``rust/bench-client``, built with cargo as the benchmark does."""
-    return _bench().build_client()
-
-
-def proc_kib(pid: int, key: str) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        name, _, value = line.partition(":")
-        if name == key:
-            return int(value.split()[0])
-    raise KeyError(key)
-
-
-@dataclass
-class ServerProcess:
-    """A server child process; its memory is read from ``/proc``."""
-
-    proc: subprocess.Popen[str]
-    port: int
-    kind: str
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    @property
-    def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def rss_kib(self) -> int:
-        return proc_kib(self.pid, "VmRSS")
-
-    def reset_peak(self) -> None:
-        """Resets VmHWM to the current RSS, so the next reading is this phase's peak."""
-        Path(f"/proc/{self.pid}/clear_refs").write_text("5")
-
-    def peak_kib(self) -> int:
-        return proc_kib(self.pid, "VmHWM")
-
-
-@contextlib.contextmanager
-def server_process(
-    kind: str = "ours", size: int = 4096, extension: str | None = None
-) -> Iterator[ServerProcess]:
-    """Starts a server child and stops it (stdin closed, then killed) however the block ends."""
-    argv = [sys.executable, __file__, "_serve", kind, str(size)]
-    if extension:
-        argv.append(extension)
-    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        if not line:
-            raise RuntimeError(f"{kind} server exited before reporting its port")
-        yield ServerProcess(proc, json.loads(line)["port"], kind)
-    finally:
-        if proc.stdin:
-            with contextlib.suppress(OSError):
-                proc.stdin.close()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        if proc.stdout:
-            proc.stdout.close()
-
 
 # --- a well-behaved client -----------------------------------------------------------------
 
@@ -760,7 +660,7 @@ def soak(server: ServerProcess, json_info: str, clients: int, calls: int) -> dic
     Returns the load client's report (requests, errors, rps, latency percentiles) with the
     memory figures of :func:`soak_figures` and the sample count added.
     """
-    client = bench_client()
+    client = build_client()
     grpc_call(server.address)
     samples: list[int] = []
     done = threading.Event()
@@ -782,7 +682,7 @@ def soak(server: ServerProcess, json_info: str, clients: int, calls: int) -> dic
                 "--calls",
                 str(calls),
                 "--expect-bytes",
-                str(response_message_len(json_info)),
+                str(len(encoded_response(json_info))),
             ],
             capture_output=True,
             text=True,
@@ -796,10 +696,3 @@ def soak(server: ServerProcess, json_info: str, clients: int, calls: int) -> dic
     report.update(soak_figures(samples) if samples else {})
     report["samples"] = len(samples)
     return report
-
-
-if __name__ == "__main__":
-    if len(sys.argv) >= 4 and sys.argv[1] == "_serve":
-        _serve_main(sys.argv[2], int(sys.argv[3]), sys.argv[4] if len(sys.argv) > 4 else None)
-    else:
-        sys.exit(f"usage: {Path(__file__).name} _serve KIND SIZE [EXTENSION]")

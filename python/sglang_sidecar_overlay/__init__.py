@@ -10,7 +10,7 @@ installs the adapter matching the installed SGLang release.
 
 import logging
 
-logger = logging.getLogger("sglang_sidecar_overlay")
+logger = logging.getLogger(__name__)
 
 __all__ = ["__version__", "logger"]
 

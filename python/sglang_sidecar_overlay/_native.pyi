@@ -1,6 +1,18 @@
-"""Type stub for the Rust module ``sglang_sidecar_overlay._native``."""
+"""Type stub for the Rust module ``sglang_sidecar_overlay._native`` (``make lint`` checks it
+against the built module with ``mypy.stubtest``)."""
 
 from types import TracebackType
+from typing import final
+
+__all__ = [
+    "DEFAULT_LIMITS",
+    "MAX_REFLECTION_REQUESTS",
+    "MAX_REFLECTION_STREAMS",
+    "MetadataServer",
+    "__version__",
+    "build_info",
+    "start_metadata_server",
+]
 
 __version__: str
 
@@ -14,6 +26,7 @@ MAX_REFLECTION_STREAMS: int
 """gRPC reflection streams open at once on one server; one more is refused with
 RESOURCE_EXHAUSTED."""
 
+@final
 class MetadataServer:
     """A running follower metadata server (GetServerInfo + grpc.health.v1, and reflection)."""
 

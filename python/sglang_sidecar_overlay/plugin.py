@@ -22,7 +22,7 @@ import threading
 
 from sglang_sidecar_overlay import releases
 
-logger = logging.getLogger("sglang_sidecar_overlay.plugin")
+logger = logging.getLogger(__name__)
 
 __all__ = ["installed_adapter", "load"]
 

@@ -7,6 +7,8 @@ import signal
 import subprocess
 import sys
 
+from sglang_sidecar_overlay.sidecar.proctree import read_stat
+
 from sidecar_providers._report import sleep_forever, write_report
 
 _GRANDCHILD = (
@@ -17,9 +19,9 @@ _GRANDCHILD = (
 
 
 def _start_time(pid: int) -> int:
-    with open(f"/proc/{pid}/stat", "rb") as f:
-        raw = f.read()
-    return int(raw[raw.rfind(b")") + 2 :].split()[19])
+    stat = read_stat(pid)
+    assert stat is not None, f"grandchild {pid} is gone"
+    return stat.starttime
 
 
 def main(argv: list[str]) -> None:

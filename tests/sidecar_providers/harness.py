@@ -1,13 +1,16 @@
-"""Test-side helpers for the sidecar tests: deadline waits, reports, cleanup of what ran."""
+"""Test-side helpers for the sidecar tests: deadline waits, reports, cleanup of what ran, and a
+SIGTERM handler that stops a supervisor first (what a host process without SGLang's own
+SIGTERM handling would install)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -43,8 +46,8 @@ def read_log(path: str | Path) -> list[dict]:
 
 
 def proc_key(pid: int) -> ProcKey | None:
-    stat = proctree._read_stat(pid)
-    return None if stat is None else (pid, stat[2])
+    stat = proctree.read_stat(pid)
+    return None if stat is None else (pid, stat.starttime)
 
 
 def gone(key: ProcKey) -> bool:
@@ -113,3 +116,47 @@ class Supervisors:
                 self.extra.extend(tree_of(sup.pid))
             sup.stop()
         kill_all(self.extra)
+
+
+def install_sigterm_stop(stop: Callable[[], None]) -> Callable[[], None]:
+    """Make SIGTERM run ``stop()`` first, then the handler it replaced (or the default action).
+
+    Only from the main thread (Python's rule for signal handlers); elsewhere this does nothing.
+    Returns a function that puts the previous handler back (if ours is still current).
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    previous = signal.getsignal(signal.SIGTERM)
+
+    def handler(signum: int, frame: object) -> None:
+        stop()
+        if callable(previous):
+            previous(signum, frame)
+        elif previous == signal.SIG_IGN:
+            return
+        elif os.getpid() == 1:
+            # PID 1 ignores default-action signals inside its namespace: exit explicitly.
+            raise SystemExit(128 + signum)
+        else:
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+
+    signal.signal(signal.SIGTERM, handler)
+
+    def restore() -> None:
+        if signal.getsignal(signal.SIGTERM) is handler:
+            signal.signal(signal.SIGTERM, previous)
+
+    return restore
+
+
+@contextlib.contextmanager
+def running_sidecar(supervisor: SidecarSupervisor) -> Iterator[SidecarSupervisor]:
+    """Scope a sidecar's life: start, stop on SIGTERM (main thread only), always stop on exit."""
+    restore = install_sigterm_stop(supervisor.stop)
+    try:
+        supervisor.start()
+        yield supervisor
+    finally:
+        supervisor.stop()
+        restore()

@@ -23,12 +23,9 @@ only (``_hooks``: the launch exports the ``prefill_sender`` group to its childre
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from sglang_sidecar_overlay.adapters._hooks import Hook
-
-logger = logging.getLogger("sglang_sidecar_overlay.adapters.disagg_dp_rank")
 
 SENDER_INIT = "sglang.srt.disaggregation.common.conn.CommonKVSender.__init__"
 

@@ -31,10 +31,9 @@ import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
+from sglang_sidecar_overlay.entry_point import DIST_NAME, PLUGIN_NAME
+
 CHILD_HOOKS_ENV = "SGLANG_SIDECAR_OVERLAY_CHILD_HOOKS"
-# How SGLang names this plugin (its entry point) and its distribution in the registry's logs.
-PLUGIN_NAME = "sidecar_overlay"
-DIST_NAME = "sglang-sidecar-overlay"
 
 
 # A NamedTuple, not a dataclass: every process that loads the plugin defines it, and a
@@ -81,7 +80,8 @@ class ProcessHooks:
         """Register the named groups not installed yet and apply them; returns those added."""
         from sglang.srt.plugins.hook_registry import HookRegistry, HookSource, HookType
 
-        # Outside load_plugins() SGLang cannot tell whose hooks these are: say it.
+        # Outside load_plugins() SGLang cannot tell whose hooks these are: say it (the names
+        # its registry logs).
         source = HookSource(plugin_name=PLUGIN_NAME, dist_name=DIST_NAME)
         with self._lock:
             added = [name for name in names if name not in self._installed]

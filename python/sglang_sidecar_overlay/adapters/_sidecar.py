@@ -43,7 +43,7 @@ from sglang_sidecar_overlay.sidecar.supervisor import (
     build_sidecar_endpoint,
 )
 
-logger = logging.getLogger("sglang_sidecar_overlay.adapters.sidecar")
+logger = logging.getLogger(__name__)
 
 START_SIDECAR = "sglang.srt.entrypoints.sidecar.start_sidecar"
 SIGTERM_HANDLER = "sglang.srt.managers.tokenizer_manager.SignalHandler.sigterm_handler"

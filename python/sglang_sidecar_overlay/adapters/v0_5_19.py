@@ -31,16 +31,12 @@ imported, before any hook could run; the app serves only after the launch).
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
-from sglang_sidecar_overlay.adapters import _disagg_dp_rank, _hooks, _sglang, _side_channel
-
-logger = logging.getLogger("sglang_sidecar_overlay.adapters.v0_5_19")
+from sglang_sidecar_overlay.adapters import _disagg_dp_rank, _hooks, _launch, _sglang, _side_channel
 
 PUBLISHER_SETUP = "sglang.srt.disaggregation.kv_events.ZmqEventPublisher._socket_setup"
 GET_INIT_INFO = "sglang.srt.managers.scheduler.Scheduler.get_init_info"
-LAUNCH_SCHEDULERS = "sglang.srt.entrypoints.engine.Engine._launch_scheduler_processes"
 ENGINE_SHUTDOWN = "sglang.srt.entrypoints.engine.Engine.shutdown"
 LEADER_SERVER_INFO = "sglang.srt.entrypoints.grpc_bridge.RuntimeHandle.get_server_info"
 
@@ -48,23 +44,24 @@ FOLLOWER_ATTR = "grpc_server"
 LEADER_JSON_ATTR = "_sidecar_overlay_server_info_json"
 
 
-# ``_common`` (the core's builder, sources and follower server) is imported where a hook first
-# needs it: load_plugins() runs in every SGLang process, and most never reach that code.
+# The shared adapter modules (publisher read-back, the builder's inputs, the follower server)
+# are imported where a hook first needs them: load_plugins() runs in every SGLang process,
+# and most never reach that code.
 
 
 def after_socket_setup(result: Any, publisher: Any, *args: Any, **kwargs: Any) -> None:
-    from sglang_sidecar_overlay.adapters import _common
+    from sglang_sidecar_overlay.adapters import _publisher
 
-    _common.record_bound_endpoints(publisher)
+    _publisher.record_bound_endpoints(publisher)
 
 
 def after_get_init_info(result: dict, scheduler: Any, *args: Any, **kwargs: Any) -> dict:
     if not _sglang.native_grpc_enabled():
         return result
-    from sglang_sidecar_overlay.adapters import _common
+    from sglang_sidecar_overlay.adapters import _publisher
 
-    sources = _common.publisher_sources(
-        getattr(scheduler, "kv_events_publisher", None), _common.scheduler_block_size(scheduler)
+    sources = _publisher.publisher_sources(
+        getattr(scheduler, "kv_events_publisher", None), _publisher.scheduler_block_size(scheduler)
     )
     result["kv_event_sources"] = sources
     _side_channel.write_side_channel(sources)
@@ -85,12 +82,7 @@ def _launch_hooks(names: list[str]) -> dict[str, tuple[_hooks.Hook, ...]]:
         "leader_grpc": (_hooks.Hook(LEADER_SERVER_INFO, leader_server_info, "REPLACE"),),
         "follower": (_hooks.Hook(ENGINE_SHUTDOWN, before_engine_shutdown, "BEFORE"),),
     }
-    if "leader_sidecar" in names:
-        # Imported only where a sidecar runs: the supervisor is most of the overlay's code.
-        from sglang_sidecar_overlay.adapters import _sidecar
-
-        groups["leader_sidecar"] = _sidecar.LEADER_HOOKS
-    return groups
+    return _launch.with_leader_sidecar(groups, names)
 
 
 def install_launch_hooks(names: list[str] | None = None) -> list[str]:
@@ -99,9 +91,9 @@ def install_launch_hooks(names: list[str] | None = None) -> list[str]:
 
     Idempotent per process; returns the hook groups it added.
     """
-    from sglang_sidecar_overlay.adapters import _common
+    from sglang_sidecar_overlay.adapters import _http_route, _server_info
 
-    _common.rebind_loaded_server_info_route(_common.rebuild_server_info)
+    _http_route.rebind_loaded_server_info_route(_server_info.rebuild_server_info)
     names = launch_groups() if names is None else names
     return _hooks.installed.install(_launch_hooks(names), names)
 
@@ -112,9 +104,9 @@ def _child_groups(server_args: Any) -> list[str]:
 
 
 def around_launch_schedulers(original: Any, cls: Any, server_args: Any, *args: Any, **kwargs):
-    from sglang_sidecar_overlay.adapters import _common
+    from sglang_sidecar_overlay.adapters import _server_info
 
-    _common.begin_node_launch()
+    _server_info.begin_node_launch()
     install_launch_hooks()
     if not _sglang.native_grpc_enabled():
         with _hooks.exported_child_groups(_child_groups(server_args)):
@@ -132,12 +124,12 @@ def around_launch_schedulers(original: Any, cls: Any, server_args: Any, *args: A
     block_until_exit = init_result.block_until_scheduler_exits
 
     def wait_for_ready_with_sources() -> None:
-        from sglang_sidecar_overlay.adapters import _common
+        from sglang_sidecar_overlay.adapters import _server_info
 
         try:
             wait_for_ready()
             infos = init_result.scheduler_infos
-            sources = _common.collected_sources(infos, channel.read())
+            sources = _server_info.collected_sources(infos, channel.read())
         finally:
             channel.remove()
         if infos:
@@ -147,13 +139,13 @@ def around_launch_schedulers(original: Any, cls: Any, server_args: Any, *args: A
             _start_follower(init_result, server_args, procs)
         elif infos:
             # Conflicting sources fail the launch here, not a consumer's first call.
-            _common.node_server_info(server_args, infos[0])
+            _server_info.node_server_info(server_args, infos[0])
 
     def block_then_stop() -> None:
-        from sglang_sidecar_overlay.adapters import _common
+        from sglang_sidecar_overlay.adapters import _follower
 
         try:
-            _common.failing_on_scheduler_crash(block_until_exit, procs)()
+            _follower.failing_on_scheduler_crash(block_until_exit, procs)()
         finally:
             stop_follower(init_result)
 
@@ -163,11 +155,11 @@ def around_launch_schedulers(original: Any, cls: Any, server_args: Any, *args: A
 
 
 def _start_follower(init_result: Any, server_args: Any, procs: Any) -> None:
-    from sglang_sidecar_overlay.adapters import _common
+    from sglang_sidecar_overlay.adapters import _follower
 
     pids = list(init_result.all_child_pids) or [p.pid for p in procs or []]
     try:
-        server = _common.start_node_follower(server_args, init_result.scheduler_infos[0], pids)
+        server = _follower.start_node_follower(server_args, init_result.scheduler_infos[0], pids)
     except BaseException:
         # The node cannot serve its metadata: do not leave its schedulers behind.
         _sglang.reap(procs)
@@ -192,10 +184,12 @@ def leader_server_info(handle: Any) -> str:
     args and ready info do not change during a launch)."""
     cached = getattr(handle, LEADER_JSON_ATTR, None)
     if cached is None:
-        from sglang_sidecar_overlay.adapters import _common
+        from sglang_sidecar_overlay.adapters import _server_info
         from sglang_sidecar_overlay.contract.server_info import render_server_info
 
-        info = _common.node_server_info(handle.tokenizer_manager.server_args, handle.scheduler_info)
+        info = _server_info.node_server_info(
+            handle.tokenizer_manager.server_args, handle.scheduler_info
+        )
         cached = render_server_info(info)
         setattr(handle, LEADER_JSON_ATTR, cached)
     return cached
@@ -210,11 +204,5 @@ CHILD_HOOKS = {
 }
 
 
-def register(registry: Any, hook_type: Any, *, main_process: bool) -> None:
-    """``load_plugins()``: the launch hook in the engine process, else the child groups."""
-    if main_process:
-        hook = _hooks.Hook(LAUNCH_SCHEDULERS, around_launch_schedulers, "AROUND")
-        _hooks.register(registry, hook_type, [hook])
-        return
-    for name in _hooks.child_groups(CHILD_HOOKS):
-        _hooks.register(registry, hook_type, CHILD_HOOKS[name])
+# load_plugins(): the launch hook in the engine process, else the child groups.
+register = _launch.process_registration(around_launch_schedulers, CHILD_HOOKS)

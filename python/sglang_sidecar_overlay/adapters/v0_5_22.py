@@ -39,18 +39,14 @@ bootstrap DP rank, the replica's under ordinary DP (``_disagg_dp_rank``, shared 
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
-from sglang_sidecar_overlay.adapters import _disagg_dp_rank, _hooks, _sglang
-
-logger = logging.getLogger("sglang_sidecar_overlay.adapters.v0_5_22")
+from sglang_sidecar_overlay.adapters import _disagg_dp_rank, _hooks, _launch, _sglang
 
 BUILD_SERVER_INFO = "sglang.srt.utils.common.build_server_info"
 START_FOLLOWER = "sglang.srt.utils.common.start_follower_grpc_server"
 LEADER_SERVER_INFO = "sglang.srt.entrypoints.grpc_bridge.RuntimeHandle.get_server_info"
 LEADER_JSON_ATTR = "_sidecar_overlay_server_info_json"
-LAUNCH_SCHEDULERS = "sglang.srt.entrypoints.engine.Engine._launch_scheduler_processes"
 
 
 class CurrentLaunch:
@@ -81,9 +77,9 @@ def around_build_server_info(
 ) -> dict:
     if _sglang.rust_server_enabled():
         return original(server_args, scheduler_info, *args, **kwargs)
-    from sglang_sidecar_overlay.adapters import _common
+    from sglang_sidecar_overlay.adapters import _server_info
 
-    return _common.node_server_info(server_args, scheduler_info)
+    return _server_info.node_server_info(server_args, scheduler_info)
 
 
 def around_start_follower(
@@ -91,9 +87,11 @@ def around_start_follower(
 ) -> Any:
     if _sglang.rust_server_enabled() or not _sglang.native_grpc_enabled():
         return original(server_args, scheduler_info, *args, **kwargs)
-    from sglang_sidecar_overlay.adapters import _common
+    from sglang_sidecar_overlay.adapters import _follower
 
-    return _common.start_node_follower(server_args, scheduler_info, current_launch.scheduler_pids())
+    return _follower.start_node_follower(
+        server_args, scheduler_info, current_launch.scheduler_pids()
+    )
 
 
 def around_leader_server_info(original: Any, handle: Any, *args: Any, **kwargs: Any) -> str:
@@ -122,12 +120,7 @@ def _launch_hooks(names: list[str]) -> dict[str, tuple[_hooks.Hook, ...]]:
         "leader_grpc": (_hooks.Hook(LEADER_SERVER_INFO, around_leader_server_info, "AROUND"),),
         "follower": (_hooks.Hook(START_FOLLOWER, around_start_follower, "AROUND"),),
     }
-    if "leader_sidecar" in names:
-        # Imported only where a sidecar runs: the supervisor is most of the overlay's code.
-        from sglang_sidecar_overlay.adapters import _sidecar
-
-        groups["leader_sidecar"] = _sidecar.LEADER_HOOKS
-    return groups
+    return _launch.with_leader_sidecar(groups, names)
 
 
 def install_launch_hooks(names: list[str] | None = None) -> list[str]:
@@ -137,24 +130,26 @@ def install_launch_hooks(names: list[str] | None = None) -> list[str]:
 
     Idempotent per process; returns the groups it added.
     """
-    from sglang_sidecar_overlay.adapters import _common
+    from sglang_sidecar_overlay.adapters import _http_route, _server_info
 
-    _common.rebind_loaded_server_info_route(_common.redacted_body)
+    _http_route.rebind_loaded_server_info_route(_server_info.redacted_body)
     names = launch_groups() if names is None else names
     return _hooks.installed.install(_launch_hooks(names), names)
 
 
 def around_launch_schedulers(original: Any, cls: Any, server_args: Any, *args: Any, **kwargs):
-    from sglang_sidecar_overlay.adapters import _common
+    from sglang_sidecar_overlay.adapters import _server_info
 
-    _common.begin_node_launch()
+    _server_info.begin_node_launch()
     install_launch_hooks()
     children = ["prefill_sender"] if _disagg_dp_rank.prefill_node(server_args) else []
     with _hooks.exported_child_groups(children):
         init_result, procs = original(cls, server_args, *args, **kwargs)
     current_launch.record(init_result, procs)
     if _sglang.node_rank() >= 1:
-        init_result.block_until_scheduler_exits = _common.failing_on_scheduler_crash(
+        from sglang_sidecar_overlay.adapters import _follower
+
+        init_result.block_until_scheduler_exits = _follower.failing_on_scheduler_crash(
             init_result.block_until_scheduler_exits, procs
         )
     return init_result, procs
@@ -163,11 +158,5 @@ def around_launch_schedulers(original: Any, cls: Any, server_args: Any, *args: A
 CHILD_HOOKS = {"prefill_sender": _disagg_dp_rank.HOOKS}
 
 
-def register(registry: Any, hook_type: Any, *, main_process: bool) -> None:
-    """``load_plugins()``: the launch hook in the engine process, else the child groups."""
-    if main_process:
-        hook = _hooks.Hook(LAUNCH_SCHEDULERS, around_launch_schedulers, "AROUND")
-        _hooks.register(registry, hook_type, [hook])
-        return
-    for name in _hooks.child_groups(CHILD_HOOKS):
-        _hooks.register(registry, hook_type, CHILD_HOOKS[name])
+# load_plugins(): the launch hook in the engine process, else the child groups.
+register = _launch.process_registration(around_launch_schedulers, CHILD_HOOKS)

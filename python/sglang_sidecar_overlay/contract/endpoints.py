@@ -92,10 +92,10 @@ def _normalize_tcp(address: str) -> str | None:
     port = int(port_text)
     if not 0 < port < 65536:
         return None
-    host = _advertisable_host(host)
-    if host is None:
+    advertised = _advertisable_host(host)
+    if advertised is None:
         return None
-    return f"{TCP}{host}:{port}"
+    return f"{TCP}{advertised}:{port}"
 
 
 def _advertisable_host(host: str) -> str | None:

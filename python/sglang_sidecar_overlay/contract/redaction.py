@@ -126,9 +126,9 @@ def _redact_item(key: Any, item: Any) -> Any:
     return redact(item)
 
 
-def _redact_sequence(items: list) -> list:
+def _redact_sequence(items: list[Any]) -> list[Any]:
     """Items redacted one by one; a string after a secret flag (``["--api-key", "X"]``) hidden."""
-    result: list = []
+    result: list[Any] = []
     hide_next = False
     for item in items:
         if hide_next and isinstance(item, str) and not item.startswith("--"):
@@ -231,9 +231,9 @@ def _redact_urls(text: str) -> str:
     return text
 
 
-def _query_replacement(match: re.Match) -> str:
+def _query_replacement(match: re.Match[str]) -> str:
     if not is_secret_query_name(match.group(2)):
-        return match.group(0)
+        return str(match.group(0))
     return f"{match.group(1)}{match.group(2)}={REDACTED}"
 
 
@@ -281,9 +281,9 @@ def _redact_structured(text: str) -> str | None:
 def _redact_pairs(text: str) -> str:
     """Fallback for text that looks structured but is not parsable: pairs and URLs."""
 
-    def replace(match: re.Match) -> str:
+    def replace(match: re.Match[str]) -> str:
         if not is_secret_name(match.group("name")):
-            return match.group(0)
+            return str(match.group(0))
         value = match.group("value")
         quote = value[:1] if value[:1] in ("'", '"') else ""
         head = match.group(0)[: match.start("value") - match.start(0)]

@@ -23,6 +23,7 @@ from importlib import resources
 from typing import Any
 
 from sglang_sidecar_overlay.contract.endpoints import endpoint_problems
+from sglang_sidecar_overlay.contract.values import is_int
 
 __all__ = ["ENDPOINT_FORMAT", "SCHEMA_RESOURCE", "contract_validator", "load_schema"]
 
@@ -31,14 +32,15 @@ SCHEMA_RESOURCE = "server-info.schema.json"
 ENDPOINT_FORMAT = "kv-event-endpoint"
 
 
-def load_schema() -> dict:
+def load_schema() -> dict[str, Any]:
     """The JSON Schema of the server-info contract, shipped inside the package."""
     text = resources.files(__package__).joinpath(SCHEMA_RESOURCE).read_text(encoding="utf-8")
-    return json.loads(text)
+    schema: dict[str, Any] = json.loads(text)
+    return schema
 
 
 def _is_integer(_checker: Any, value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+    return is_int(value)
 
 
 def _is_number(_checker: Any, value: Any) -> bool:
@@ -52,7 +54,7 @@ def _is_endpoint(value: Any) -> bool:
     return not isinstance(value, str) or not endpoint_problems(value)
 
 
-def contract_validator(schema: dict | None = None) -> Any:
+def contract_validator(schema: dict[str, Any] | None = None) -> Any:
     """A ``jsonschema`` Draft 2020-12 validator of ``schema`` (default: the contract's).
 
     Reads ``integer``/``number`` strictly and checks ``format: kv-event-endpoint`` with the
@@ -71,4 +73,5 @@ def _validator_class() -> Any:
 
     base = jsonschema.Draft202012Validator
     types = base.TYPE_CHECKER.redefine_many({"integer": _is_integer, "number": _is_number})
-    return jsonschema.validators.extend(base, type_checker=types)
+    # jsonschema types extend() loosely (no annotations): the class it makes is ours to type.
+    return jsonschema.validators.extend(base, type_checker=types)  # type: ignore[no-untyped-call]

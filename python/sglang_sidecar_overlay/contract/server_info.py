@@ -11,7 +11,6 @@ shape is the JSON Schema in ``schema``.
 from __future__ import annotations
 
 import json
-import logging
 import math
 import os
 from collections.abc import Iterable, Mapping
@@ -26,8 +25,7 @@ from sglang_sidecar_overlay.contract.incarnation import (
 )
 from sglang_sidecar_overlay.contract.redaction import redact
 from sglang_sidecar_overlay.contract.sources import aggregate_sources
-
-logger = logging.getLogger("sglang_sidecar_overlay.contract.server_info")
+from sglang_sidecar_overlay.contract.values import is_int
 
 __all__ = [
     "CONTRACT_VERSION",
@@ -74,7 +72,7 @@ def legacy_dp_size_enabled(
 # --- rank space --------------------------------------------------------------------------------
 
 
-def rank_space(server_args: Mapping[str, Any], local_ranks: Iterable[int]) -> dict:
+def rank_space(server_args: Mapping[str, Any], local_ranks: Iterable[int]) -> dict[str, Any]:
     """``kv_event_rank_space``: the width of the publisher-rank space and this node's ranks.
 
     ``attn_dp_size`` present (0.5.22+): ``dp_size`` counts replicas and ``attn_dp_size``
@@ -97,7 +95,7 @@ def rank_space(server_args: Mapping[str, Any], local_ranks: Iterable[int]) -> di
     size = system_dp_size * attn_dp_size
     ranks = sorted(set(local_ranks))
     for rank in ranks:
-        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < size:
+        if not is_int(rank) or not 0 <= rank < size:
             raise ValueError(
                 f"KV source dp_rank {rank!r} is outside the publisher-rank space of size {size} "
                 f"(dp_size={system_dp_size}, attn_dp_size={attn_dp_size})"
@@ -114,7 +112,7 @@ def _positive_width(server_args: Mapping[str, Any], name: str) -> int:
     value = server_args.get(name, 1)
     if value is None:
         return 1
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    if not is_int(value) or value < 1:
         raise ValueError(f"{name} must be a positive int, got {value!r}")
     return value
 
@@ -129,9 +127,9 @@ def build_server_info(
     incarnation: Incarnation | Mapping[str, Any],
     launch_command: str | None = None,
     kv_events: Mapping[str, Any] | None = None,
-    kv_event_sources: Iterable[Mapping] | None = None,
+    kv_event_sources: Iterable[Mapping[str, Any]] | None = None,
     legacy_dp_size: bool = False,
-) -> dict:
+) -> dict[str, Any]:
     """The redacted, JSON-ready ``GetServerInfo`` object of one node.
 
     ``incarnation`` is the launch this snapshot belongs to (``contract.incarnation``): the
@@ -162,7 +160,8 @@ def build_server_info(
     if legacy_dp_size:
         # Pre-0.5.22 meaning for consumers that check dp_rank < dp_size.
         info["dp_size"] = space["size"]
-    return redact(to_jsonable(info))
+    built: dict[str, Any] = redact(to_jsonable(info))
+    return built
 
 
 def to_jsonable(value: Any) -> Any:

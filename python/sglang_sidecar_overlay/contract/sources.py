@@ -14,8 +14,9 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from sglang_sidecar_overlay.contract.endpoints import normalize_endpoint
+from sglang_sidecar_overlay.contract.values import is_int
 
-logger = logging.getLogger("sglang_sidecar_overlay.contract.sources")
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "DEFAULT_ENCODING",
@@ -50,7 +51,7 @@ def describe_source(
     replay_endpoint: str | None = None,
     encoding: str = DEFAULT_ENCODING,
     bounds: Mapping[str, int] | None = None,
-) -> dict | None:
+) -> dict[str, Any] | None:
     """One ``kv_event_sources`` entry for a bound publisher, or None when not subscribable.
 
     ``bound_endpoint`` and ``replay_endpoint`` are what the sockets report after bind
@@ -93,20 +94,20 @@ def _checked_bounds(bounds: Mapping[str, Any]) -> dict[str, int]:
     for key in SOURCE_BOUNDS:
         if key in bounds:
             value = bounds[key]
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            if not is_int(value) or value < 0:
                 raise ValueError(f"{key} must be an int >= 0 (batches), got {value!r}")
             checked[key] = value
     return checked
 
 
 def _check_rank(dp_rank: Any) -> None:
-    if isinstance(dp_rank, bool) or not isinstance(dp_rank, int) or dp_rank < 0:
+    if not is_int(dp_rank) or dp_rank < 0:
         raise ValueError(f"dp_rank must be a non-negative int, got {dp_rank!r}")
 
 
 def _check_block_size(block_size: Any) -> None:
     # A wrong block size makes routers miss silently, so refuse anything but a positive int.
-    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size <= 0:
+    if not is_int(block_size) or block_size <= 0:
         raise ValueError(
             f"block_size must be a positive int (page_size x dcp_size), got {block_size!r}"
         )
@@ -119,7 +120,7 @@ def _check_encoding(encoding: Any) -> None:
         )
 
 
-def aggregate_sources(sources: Iterable[Mapping]) -> list[dict]:
+def aggregate_sources(sources: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """A node's sources: exact duplicates dropped, sorted by ``dp_rank``, conflicts refused.
 
     Every returned entry carries ``encoding``; an entry without one gets ``DEFAULT_ENCODING``.
@@ -129,8 +130,8 @@ def aggregate_sources(sources: Iterable[Mapping]) -> list[dict]:
     address (endpoint or replay endpoint) is claimed by two ranks; ``ValueError`` for a
     malformed entry.
     """
-    by_rank: dict[int, dict] = {}
-    owner_of_address: dict[str, dict] = {}
+    by_rank: dict[int, dict[str, Any]] = {}
+    owner_of_address: dict[str, dict[str, Any]] = {}
     for raw in sources:
         source = _checked_source(raw)
         known = by_rank.get(source["dp_rank"])
@@ -151,7 +152,7 @@ def aggregate_sources(sources: Iterable[Mapping]) -> list[dict]:
     return [by_rank[rank] for rank in sorted(by_rank)]
 
 
-def _addresses(source: Mapping) -> list[str]:
+def _addresses(source: Mapping[str, Any]) -> list[str]:
     addresses = [source["endpoint"]]
     replay = source.get("replay_endpoint")
     if replay is not None and replay != source["endpoint"]:
@@ -159,7 +160,7 @@ def _addresses(source: Mapping) -> list[str]:
     return addresses
 
 
-def _checked_source(raw: Mapping) -> dict:
+def _checked_source(raw: Mapping[str, Any]) -> dict[str, Any]:
     """A plain-dict copy of one entry, with its shape and endpoints checked."""
     if not isinstance(raw, Mapping):
         raise ValueError(f"a KV source must be a mapping, got {raw!r}")
@@ -189,7 +190,7 @@ def _checked_source(raw: Mapping) -> dict:
     return source
 
 
-def _check_advertisable(endpoint: Any, raw: Mapping) -> None:
+def _check_advertisable(endpoint: Any, raw: Mapping[str, Any]) -> None:
     # Entries must already be in advertised form: a wildcard or relative path here would
     # reach consumers unchanged.
     if not isinstance(endpoint, str) or normalize_endpoint(endpoint) != endpoint:

@@ -22,11 +22,15 @@ import multiprocessing.connection
 import os
 import threading
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, cast
 
 from sglang_sidecar_overlay.contract.endpoints import format_host_port
 
-logger = logging.getLogger("sglang_sidecar_overlay.server.follower")
+if TYPE_CHECKING:
+    # The native module is imported only when a server starts (``_native_start``).
+    from sglang_sidecar_overlay._native import MetadataServer
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["DEFAULT_LINGER_S", "FollowerMetadataServer", "start_follower_server"]
 
@@ -34,10 +38,11 @@ __all__ = ["DEFAULT_LINGER_S", "FollowerMetadataServer", "start_follower_server"
 # the others are still going down.
 DEFAULT_LINGER_S = 5.0
 
-StartFn = Callable[[str, int, str], Any]
+
+StartFn = Callable[[str, int, str], "MetadataServer"]
 
 
-def _native_start(host: str, port: int, server_info_json: str) -> Any:
+def _native_start(host: str, port: int, server_info_json: str) -> MetadataServer:
     from sglang_sidecar_overlay import _native
 
     return _native.start_metadata_server(host, port, server_info_json)
@@ -46,7 +51,9 @@ def _native_start(host: str, port: int, server_info_json: str) -> Any:
 class FollowerMetadataServer:
     """One follower metadata server bound to the lifetime of a set of scheduler processes."""
 
-    def __init__(self, server: Any, pids: Iterable[int], *, linger_s: float = DEFAULT_LINGER_S):
+    def __init__(
+        self, server: MetadataServer, pids: Iterable[int], *, linger_s: float = DEFAULT_LINGER_S
+    ) -> None:
         self._server = server
         self._pids = sorted({int(pid) for pid in pids})
         self._linger_s = linger_s
@@ -89,7 +96,8 @@ class FollowerMetadataServer:
         # A pidfd opens on an exited but unreaped child too; it is readable at once then.
         exited = multiprocessing.connection.wait(list(self._pidfds.values()), timeout=0)
         if exited:
-            self.exited_pid = {fd: pid for pid, fd in self._pidfds.items()}[exited[0]]
+            # Only pidfds were waited on.
+            self.exited_pid = {fd: pid for pid, fd in self._pidfds.items()}[cast(int, exited[0])]
             return False
         return True
 
@@ -115,12 +123,12 @@ class FollowerMetadataServer:
         self._watcher.start()
 
     def _watch(self) -> None:
-        waitables: list[Any] = [self._wake_r, *self._pidfds.values()]
+        waitables = [self._wake_r, *self._pidfds.values()]
         ready = multiprocessing.connection.wait(waitables)
         if self._wake_r in ready:
             return
         by_fd = {fd: pid for pid, fd in self._pidfds.items()}
-        self.exited_pid = by_fd.get(ready[0])
+        self.exited_pid = by_fd.get(cast(int, ready[0]))
         self._server.set_serving(False)
         logger.warning(
             "scheduler process %s exited; follower metadata server at %s is NOT_SERVING",

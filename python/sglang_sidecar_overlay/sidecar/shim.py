@@ -1,10 +1,10 @@
 """The group-leading shim that runs a ``--sidecar`` provider (child side; stdlib only).
 
-What runs where: the server's supervisor thread (``sidecar.py``) starts this module in a fresh
-interpreter, in a new session, so this shim leads the sidecar's process group. The shim becomes a
-child subreaper, arms PR_SET_PDEATHSIG, re-checks ``getppid()``, reads the launch spec from the
-control pipe, then forks the provider: the fork imports the provider module and calls its
-``main(argv)``. The shim itself never runs provider code, so it can always clean up.
+What runs where: the server's supervisor thread (``supervisor.py``) starts this module in a
+fresh interpreter, in a new session, so this shim leads the sidecar's process group. The shim
+becomes a child subreaper, arms PR_SET_PDEATHSIG, re-checks ``getppid()``, reads the launch spec
+from the control pipe, then forks the provider: the fork imports the provider module and calls
+its ``main(argv)``. The shim itself never runs provider code, so it can always clean up.
 
 When it stops:
 - the provider exits -> every remaining descendant is SIGKILLed and reaped, then the shim exits
@@ -28,6 +28,7 @@ import sys
 import time
 import traceback
 from collections.abc import Iterable
+from typing import Any, NoReturn
 
 from sglang_sidecar_overlay.sidecar.proctree import (
     ProcKey,
@@ -62,7 +63,7 @@ def _prctl(option: int, value: int) -> None:
         raise OSError(err, f"prctl({option}) failed: {os.strerror(err)}")
 
 
-def _read_spec(fd: int) -> dict | None:
+def _read_spec(fd: int) -> dict[str, Any] | None:
     """The launch spec: one JSON line. None if the server closed the pipe first."""
     buf = b""
     while not buf.endswith(b"\n"):
@@ -70,16 +71,17 @@ def _read_spec(fd: int) -> dict | None:
         if not chunk:
             return None
         buf += chunk
-    return json.loads(buf)
+    spec: dict[str, Any] = json.loads(buf)
+    return spec
 
 
-def _fail(message: str, code: int) -> None:
+def _fail(message: str, code: int) -> NoReturn:
     sys.stderr.write(f"sglang sidecar: {message}\n")
     sys.stderr.flush()
     raise SystemExit(code)
 
 
-def _become_provider(spec: dict, shim_pid: int, inherited_fds: Iterable[int]) -> None:
+def _become_provider(spec: dict[str, Any], shim_pid: int, inherited_fds: Iterable[int]) -> None:
     """Runs in the forked provider process; ends the process (never returns)."""
     signal.set_wakeup_fd(-1)
     for sig in _HANDLED_SIGNALS:

@@ -10,9 +10,8 @@ What runs where:
   provider, which imports ``module`` and calls ``main(argv)``; the shim outlives the provider
   long enough to kill and reap whatever the provider left behind, then mirrors its exit status.
 - The server's gRPC endpoint reaches the provider in the ``SGLANG_GRPC_ENDPOINT`` environment
-  variable, in ``DYN_SIDECAR_GRPC_ENDPOINT`` too unless the operator set that one (NVIDIA
-  Dynamo's released sidecar reads only it or ``--grpc-endpoint``), and, when
-  ``endpoint_in_argv`` is set, as ``--sglang-endpoint <endpoint>`` in argv.
+  variable, and in ``DYN_SIDECAR_GRPC_ENDPOINT`` too unless the operator set that one (NVIDIA
+  Dynamo's released sidecar reads only it or ``--grpc-endpoint``).
 
 When it stops:
 - :meth:`SidecarSupervisor.stop`: SIGTERM to the sidecar's process group (and to descendants that
@@ -41,18 +40,18 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from typing import Literal
 
 from sglang_sidecar_overlay.contract.endpoints import format_host_port, loopback_for
+from sglang_sidecar_overlay.contract.values import is_int
 from sglang_sidecar_overlay.sidecar import proctree, shim
 
-logger = logging.getLogger("sglang_sidecar_overlay.sidecar")
+logger = logging.getLogger(__name__)
 
 ENDPOINT_ENV = "SGLANG_GRPC_ENDPOINT"
 # NVIDIA Dynamo's sidecar (ai-dynamo 1.6.1) reads its endpoint from here or --grpc-endpoint.
 DYNAMO_ENDPOINT_ENV = "DYN_SIDECAR_GRPC_ENDPOINT"
-ENDPOINT_FLAG = "--sglang-endpoint"
 
 RestartPolicy = Literal["never", "on-failure"]
 _RESTART_POLICIES = ("never", "on-failure")
@@ -113,7 +112,7 @@ class SidecarOptions:
                 f"sidecar restart policy must be one of {', '.join(_RESTART_POLICIES)}, "
                 f"got {self.restart!r}"
             )
-        if isinstance(self.max_restarts, bool) or not isinstance(self.max_restarts, int):
+        if not is_int(self.max_restarts):
             raise ValueError(f"sidecar max restarts must be an integer, got {self.max_restarts!r}")
         if self.max_restarts < 0:
             raise ValueError(f"sidecar max restarts must be >= 0, got {self.max_restarts}")
@@ -171,7 +170,7 @@ class SidecarOptions:
 
 def backoff_delay(restarts_in_window: int, rng: random.Random | None = None) -> float:
     """Delay before the next restart: 1 s doubling per recent restart, capped at 30 s, + jitter."""
-    base = min(BACKOFF_CAP, BACKOFF_BASE * 2 ** max(0, restarts_in_window))
+    base = min(BACKOFF_CAP, BACKOFF_BASE * 2.0 ** max(0, restarts_in_window))
     return base * (1.0 + (rng or random).uniform(0.0, BACKOFF_JITTER))
 
 
@@ -200,11 +199,7 @@ class RestartBudget:
 def describe_exit(returncode: int, expected: bool = False) -> str:
     """``exited with code 3`` / ``killed by SIGSEGV`` / ``exited cleanly (code 0) ...``."""
     if returncode < 0:
-        try:
-            name = signal.Signals(-returncode).name
-        except ValueError:
-            name = f"signal {-returncode}"
-        return f"killed by {name}"
+        return f"killed by {proctree.signal_name(-returncode) or f'signal {-returncode}'}"
     if returncode == 0 and not expected:
         return "exited cleanly (code 0) while the server was running"
     return f"exited with code {returncode}"
@@ -220,7 +215,6 @@ class SidecarSupervisor:
         provider_args: list[str],
         options: SidecarOptions,
         on_fatal: Callable[[str], None],
-        endpoint_in_argv: bool = False,
     ) -> None:
         if not module or not all(part.isidentifier() for part in module.split(".")):
             raise ValueError(f"sidecar module {module!r} is not a dotted Python module name")
@@ -229,9 +223,10 @@ class SidecarSupervisor:
         self.provider_args = list(provider_args)
         self.options = options
         self.on_fatal = on_fatal
-        self.endpoint_in_argv = endpoint_in_argv
 
-        self._lock = threading.RLock()  # re-entrant: a SIGTERM handler may call stop()
+        # Re-entrant: stop() may run in a signal handler that interrupted this same thread
+        # while it held the lock (_stop then sees its own stop in progress and returns).
+        self._lock = threading.RLock()
         self._proc: subprocess.Popen[bytes] | None = None
         self._pidfd = -1
         self._control_w = -1
@@ -349,7 +344,9 @@ class SidecarSupervisor:
             # its parent; the leader is unreaped, so the group id cannot have been reused.
             table = proctree.process_table()
             strays = [
-                key for key in proctree.descendants(proc.pid, table) if table[key[0]][1] != proc.pid
+                key
+                for key in proctree.descendants(proc.pid, table)
+                if table[key[0]].pgrp != proc.pid
             ]
             logger.info("sending %s to sidecar %r (group %d)", name, self.module, proc.pid)
             with contextlib.suppress(ProcessLookupError):
@@ -393,10 +390,7 @@ class SidecarSupervisor:
 
     def _spawn(self) -> None:
         """Start the shim. Runs only on the supervisor thread (PDEATHSIG follows it)."""
-        argv = [*self.provider_args]
-        if self.endpoint_in_argv:
-            argv = [ENDPOINT_FLAG, self.endpoint, *argv]
-        spec = {"module": self.module, "argv": argv, "sys_path": list(sys.path)}
+        spec = {"module": self.module, "argv": self.provider_args, "sys_path": list(sys.path)}
         package_root = os.path.dirname(
             os.path.dirname(os.path.dirname(os.path.abspath(shim.__file__)))
         )
@@ -494,52 +488,3 @@ def _readable(fd: int, timeout: float | None) -> bool:
     poller = select.poll()
     poller.register(fd, select.POLLIN)
     return bool(poller.poll(None if timeout is None else max(0, int(timeout * 1000))))
-
-
-def install_sigterm_stop(stop: Callable[[], None]) -> Callable[[], None]:
-    """Make SIGTERM run ``stop()`` first, then the handler it replaced (or the default action).
-
-    Only from the main thread (Python's rule for signal handlers); elsewhere this logs and does
-    nothing. Returns a function that puts the previous handler back (if ours is still current).
-    """
-    if threading.current_thread() is not threading.main_thread():
-        logger.warning("not in the main thread: SIGTERM will not stop the sidecar first")
-        return lambda: None
-    previous = signal.getsignal(signal.SIGTERM)
-
-    def handler(signum: int, frame: object) -> None:
-        stop()
-        if callable(previous):
-            previous(signum, frame)
-        elif previous == signal.SIG_IGN:
-            return
-        elif os.getpid() == 1:
-            # PID 1 ignores default-action signals inside its namespace: exit explicitly.
-            raise SystemExit(128 + signum)
-        else:
-            signal.signal(signum, signal.SIG_DFL)
-            os.kill(os.getpid(), signum)
-
-    signal.signal(signal.SIGTERM, handler)
-
-    def restore() -> None:
-        if signal.getsignal(signal.SIGTERM) is handler:
-            signal.signal(signal.SIGTERM, previous)
-
-    return restore
-
-
-@contextlib.contextmanager
-def running_sidecar(supervisor: SidecarSupervisor) -> Iterator[SidecarSupervisor]:
-    """Scope a sidecar's life: start, stop on SIGTERM (main thread only), always stop on exit."""
-    restore = install_sigterm_stop(supervisor.stop) if _in_main_thread() else (lambda: None)
-    try:
-        supervisor.start()
-        yield supervisor
-    finally:
-        supervisor.stop()
-        restore()
-
-
-def _in_main_thread() -> bool:
-    return threading.current_thread() is threading.main_thread()

@@ -25,16 +25,14 @@ from importlib import metadata
 from typing import Any, TextIO
 
 from sglang_sidecar_overlay import __version__
-
-logger = logging.getLogger("sglang_sidecar_overlay")
-
-PLUGIN_GROUP = "sglang.srt.plugins"
-PLUGIN_NAME = "sidecar_overlay"
-PLUGINS_ENV = "SGLANG_PLUGINS"
-
-EXIT_OK = 0
-EXIT_PROBLEM = 1
-EXIT_UNREACHABLE = 3
+from sglang_sidecar_overlay import logger as package_logger
+from sglang_sidecar_overlay.entry_point import PLUGIN_GROUP, PLUGIN_NAME, SGLANG_PLUGINS_ENV
+from sglang_sidecar_overlay.tools.exit_codes import (
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_PROBLEM,
+    EXIT_USAGE,
+)
 
 _MARKS = {"ok": "✓", "info": "·", "warning": "!", "error": "✗"}
 _ASCII_MARKS = {"ok": "ok", "info": "..", "warning": "WARN", "error": "FAIL"}
@@ -50,7 +48,7 @@ def plugin_allowed(environ: Mapping[str, str]) -> bool:
     SGLang treats an unset or empty value as "load every plugin"; otherwise only the
     comma-separated, whitespace-stripped names listed are loaded.
     """
-    raw = environ.get(PLUGINS_ENV)
+    raw = environ.get(SGLANG_PLUGINS_ENV)
     if not raw:
         return True
     allowed = {name.strip() for name in raw.split(",") if name.strip()}
@@ -116,7 +114,9 @@ def collect_status(environ: Mapping[str, str] | None = None) -> dict:
         reasons.append(f"entry point target module {plugin_module} is missing")
     allowed = plugin_allowed(env)
     if not allowed:
-        reasons.append(f"{PLUGINS_ENV}={env.get(PLUGINS_ENV)!r} does not list {PLUGIN_NAME}")
+        reasons.append(
+            f"{SGLANG_PLUGINS_ENV}={env.get(SGLANG_PLUGINS_ENV)!r} does not list {PLUGIN_NAME}"
+        )
 
     native = _native_status()
     if not native["importable"]:
@@ -150,7 +150,7 @@ def collect_status(environ: Mapping[str, str] | None = None) -> dict:
             "entry_point_visible": entry is not None,
             "entry_point": None if entry is None else entry.value,
             "module_present": plugin_module is not None and _module_present(plugin_module),
-            "sglang_plugins": env.get(PLUGINS_ENV),
+            "sglang_plugins": env.get(SGLANG_PLUGINS_ENV),
             "allowed": allowed,
         },
         "native": native,
@@ -188,9 +188,9 @@ def _status_lines(status: Mapping[str, Any]) -> list[tuple[str, str, str]]:
         level = "ok" if plugin["allowed"] else "error"
         verdict = "lists" if plugin["allowed"] else "excludes"
         text = f"{plugin['sglang_plugins']!r} {verdict} {plugin['name']}"
-        lines.append((level, PLUGINS_ENV, text))
+        lines.append((level, SGLANG_PLUGINS_ENV, text))
     else:
-        lines.append(("ok", PLUGINS_ENV, "unset (every installed plugin loads)"))
+        lines.append(("ok", SGLANG_PLUGINS_ENV, "unset (every installed plugin loads)"))
     if native["importable"]:
         build = native["build"] or {}
         extra = ", ".join(str(build[key]) for key in ("profile", "target") if build.get(key))
@@ -236,9 +236,6 @@ def _verdict(ok: bool, errors: int, warnings: int) -> str:
     return (
         f"{word} ({errors} error{'s' * (errors != 1)}, {warnings} warning{'s' * (warnings != 1)})"
     )
-
-
-EXIT_USAGE = 2
 
 
 def cmd_probe(args: argparse.Namespace, out: TextIO) -> int:
@@ -508,11 +505,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _configure_logging(verbosity: int) -> None:
     level = logging.WARNING if verbosity == 0 else logging.INFO if verbosity == 1 else logging.DEBUG
-    if not logger.handlers:
+    if not package_logger.handlers:
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
-        logger.addHandler(handler)
-    logger.setLevel(level)
+        package_logger.addHandler(handler)
+    package_logger.setLevel(level)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -525,7 +522,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return args.handler(args, sys.stdout)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
     except BrokenPipeError:
         # `... | head` closed the pipe; nothing left to say.
         return EXIT_PROBLEM

@@ -5,8 +5,9 @@ What runs, all inside this process and on loopback:
 1. two stand-in KV-event publishers bind a PUB and a replay ROUTER socket each, the way an
    SGLang scheduler's ``ZmqEventPublisher`` does (wildcard TCP bind, port read back from
    ``LAST_ENDPOINT``, replay framing of SGLang 0.5.22+);
-2. the core builder (``kv_sources`` + ``metadata``) turns them into the server info of a
-   follower node (node_rank 1 of 2, attention-DP 4, this node owning ranks 2 and 3);
+2. the core builder (``contract.sources`` + ``contract.server_info``) turns them into the
+   server info of a follower node (node_rank 1 of 2, attention-DP 4, this node owning ranks 2
+   and 3);
 3. the native metadata server serves that snapshot with grpc.health.v1;
 4. ``probe`` runs against it, listening while the publishers publish, exactly as an
    operator's ``probe --listen`` would;
@@ -31,8 +32,9 @@ from typing import Any
 from sglang_sidecar_overlay.contract.incarnation import Incarnation
 from sglang_sidecar_overlay.tools import probe
 from sglang_sidecar_overlay.tools.probe.checks import describe_incarnation
+from sglang_sidecar_overlay.tools.probe.listen import REPLAY_END_SEQ, decode_seq, encode_seq
 
-logger = logging.getLogger("sglang_sidecar_overlay.tools.selftest")
+logger = logging.getLogger(__name__)
 
 __all__ = ["Check", "SelftestReport", "StandInPublisher", "run_selftest"]
 
@@ -44,7 +46,6 @@ PAGE_SIZE = 16
 DCP_SIZE = 1
 SECRET = "selftest-secret-value"
 _HISTORY_BATCHES = 3
-_END_SEQ = (-1).to_bytes(8, "big", signed=True)
 
 
 @dataclasses.dataclass
@@ -172,7 +173,7 @@ class StandInPublisher:
                 return
             payload = encoder.encode(batch)
             try:
-                self._pub.send_multipart([topic, seq.to_bytes(8, "big"), payload])
+                self._pub.send_multipart([topic, encode_seq(seq), payload])
             except zmq.ZMQError:
                 logger.exception("stand-in publisher %d failed to publish", self.dp_rank)
                 return
@@ -188,11 +189,11 @@ class StandInPublisher:
             logger.warning("stand-in publisher %d: bad replay request", self.dp_rank)
             return
         identity, _, start = frames
-        start_seq = int.from_bytes(start, "big")
+        start_seq = decode_seq(start) or 0
         for seq, payload in self._buffer:
             if seq >= start_seq:
-                self._replay.send_multipart([identity, b"", topic, seq.to_bytes(8, "big"), payload])
-        self._replay.send_multipart([identity, b"", b"", _END_SEQ, b""])
+                self._replay.send_multipart([identity, b"", topic, encode_seq(seq), payload])
+        self._replay.send_multipart([identity, b"", b"", encode_seq(REPLAY_END_SEQ), b""])
 
 
 def _wait_for(condition: Any, timeout: float) -> bool:

@@ -13,7 +13,8 @@ pub mod service;
 #[cfg(feature = "python")]
 mod python;
 
-/// Generated from `proto/sglang/runtime/v1/sglang.proto` (messages and the test client).
+/// Generated from `proto/sglang/runtime/v1/sglang.proto`: the messages (the integration
+/// tests build their own client from the same proto).
 pub mod proto {
     tonic::include_proto!("sglang.runtime.v1");
 }

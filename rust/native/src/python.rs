@@ -3,14 +3,12 @@
 //! Every blocking call releases the GIL, and the server threads never take it, so a busy
 //! SGLang process and the metadata server do not slow each other down.
 
-use std::time::Duration;
-
-use pyo3::exceptions::{PyOSError, PyValueError};
+use pyo3::exceptions::{PyOSError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict};
 
 use crate::address::parse_bind_address;
-use crate::limits::{self, Limits};
+use crate::limits::{Kind, Limit, Limits};
 use crate::server::{MetadataServer, ServerOptions, StartError};
 use crate::service::Implementation;
 
@@ -67,79 +65,26 @@ impl PyMetadataServer {
 
 /// Start a follower metadata server bound to (host, port) that answers GetServerInfo with
 /// `server_info_json`. Binding happens before this returns; port 0 picks a free port.
-/// The keyword-only limits are documented in `_native.pyi`; their defaults are
-/// `DEFAULT_LIMITS`, and a bad value raises ValueError naming it.
+/// The keyword-only limits are the rows of `crate::limits::LIMITS`, documented in
+/// `_native.pyi`; their defaults are `DEFAULT_LIMITS`, and a bad value raises ValueError
+/// naming it.
 #[pyfunction]
-#[pyo3(signature = (
-    host,
-    port,
-    server_info_json,
-    *,
-    max_connections = None,
-    handshake_timeout_s = None,
-    max_request_bytes = None,
-    max_message_bytes = None,
-    max_concurrent_streams = None,
-    max_header_list_bytes = None,
-    request_timeout_s = None,
-    keepalive_interval_s = None,
-    keepalive_timeout_s = None,
-    tcp_keepalive_s = None,
-    implementation = None,
-    reflection = None,
-))]
-#[allow(clippy::too_many_arguments)]
+#[pyo3(
+    signature = (host, port, server_info_json, *, implementation = None, reflection = None, **limits),
+    text_signature = "(host, port, server_info_json, *, implementation='framed', reflection=True, **limits)"
+)]
 fn start_metadata_server(
     py: Python<'_>,
     host: &str,
     port: i64,
     server_info_json: String,
-    max_connections: Option<Bound<'_, PyAny>>,
-    handshake_timeout_s: Option<Bound<'_, PyAny>>,
-    max_request_bytes: Option<Bound<'_, PyAny>>,
-    max_message_bytes: Option<Bound<'_, PyAny>>,
-    max_concurrent_streams: Option<Bound<'_, PyAny>>,
-    max_header_list_bytes: Option<Bound<'_, PyAny>>,
-    request_timeout_s: Option<Bound<'_, PyAny>>,
-    keepalive_interval_s: Option<Bound<'_, PyAny>>,
-    keepalive_timeout_s: Option<Bound<'_, PyAny>>,
-    tcp_keepalive_s: Option<Bound<'_, PyAny>>,
     implementation: Option<Bound<'_, PyAny>>,
     reflection: Option<Bound<'_, PyAny>>,
+    limits: Option<Bound<'_, PyDict>>,
 ) -> PyResult<PyMetadataServer> {
     let addr =
         parse_bind_address(host, port).map_err(|err| PyValueError::new_err(err.to_string()))?;
-    let mut l = Limits::default();
-    l.max_connections = count_arg("max_connections", max_connections, l.max_connections)?;
-    l.handshake_timeout = seconds_arg(
-        "handshake_timeout_s",
-        handshake_timeout_s,
-        l.handshake_timeout,
-    )?;
-    l.max_request_bytes = count_arg("max_request_bytes", max_request_bytes, l.max_request_bytes)?;
-    l.max_message_bytes = count_arg("max_message_bytes", max_message_bytes, l.max_message_bytes)?;
-    l.max_concurrent_streams = count_arg(
-        "max_concurrent_streams",
-        max_concurrent_streams,
-        l.max_concurrent_streams as usize,
-    )? as u32;
-    l.max_header_list_bytes = count_arg(
-        "max_header_list_bytes",
-        max_header_list_bytes,
-        l.max_header_list_bytes as usize,
-    )? as u32;
-    l.request_timeout = seconds_arg("request_timeout_s", request_timeout_s, l.request_timeout)?;
-    l.keepalive_interval = seconds_arg(
-        "keepalive_interval_s",
-        keepalive_interval_s,
-        l.keepalive_interval,
-    )?;
-    l.keepalive_timeout = seconds_arg(
-        "keepalive_timeout_s",
-        keepalive_timeout_s,
-        l.keepalive_timeout,
-    )?;
-    l.tcp_keepalive = seconds_arg("tcp_keepalive_s", tcp_keepalive_s, l.tcp_keepalive)?;
+    let limits = limits_arg(limits)?;
     let implementation = match implementation {
         None => Implementation::default(),
         Some(value) => value
@@ -156,7 +101,7 @@ fn start_metadata_server(
         Some(value) => return Err(bad_value("reflection", &value, "expected True or False")),
     };
     let options = ServerOptions {
-        limits: l,
+        limits,
         implementation,
         reflection,
         ..ServerOptions::default()
@@ -172,57 +117,39 @@ fn start_metadata_server(
     })
 }
 
-/// An integer limit; anything else (a float, a bool, a string, out of range) is a ValueError
-/// that names the keyword and shows the value as Python would.
-fn count_arg(
-    name: &'static str,
-    value: Option<Bound<'_, PyAny>>,
-    default: usize,
-) -> PyResult<usize> {
-    let Some(value) = value else {
-        return Ok(default);
+/// The defaults with every limit keyword given applied. An unknown keyword is a TypeError, as
+/// Python raises for any function; a value of the wrong kind or out of range is a ValueError
+/// that names the keyword and shows the value as Python would. None leaves the default.
+fn limits_arg(given: Option<Bound<'_, PyDict>>) -> PyResult<Limits> {
+    let mut limits = Limits::default();
+    let Some(given) = given else {
+        return Ok(limits);
     };
-    let parsed = if value.is_instance_of::<PyBool>() {
-        None
-    } else {
-        value.extract::<i64>().ok()
-    };
-    match parsed {
-        Some(number) => {
-            limits::count(name, number).map_err(|err| bad_value(name, &value, err.expected))
+    for (key, value) in given.iter() {
+        let keyword = key.extract::<String>()?;
+        let limit = Limit::named(&keyword).ok_or_else(|| {
+            PyTypeError::new_err(format!(
+                "start_metadata_server() got an unexpected keyword argument '{keyword}'"
+            ))
+        })?;
+        if value.is_none() {
+            continue;
         }
-        None => Err(bad_value(
-            name,
-            &value,
-            "expected an integer from 1 to 1073741824",
-        )),
+        let expected = limit.kind.expected();
+        let number = if value.is_instance_of::<PyBool>() {
+            None
+        } else {
+            match limit.kind {
+                Kind::Count => value.extract::<i64>().ok().map(|n| n as f64),
+                Kind::Seconds => value.extract::<f64>().ok(),
+            }
+        };
+        let number = number.ok_or_else(|| bad_value(limit.keyword, &value, expected))?;
+        limit
+            .set(&mut limits, number)
+            .map_err(|err| bad_value(limit.keyword, &value, err.expected))?;
     }
-}
-
-/// A duration in seconds (int or float).
-fn seconds_arg(
-    name: &'static str,
-    value: Option<Bound<'_, PyAny>>,
-    default: Duration,
-) -> PyResult<Duration> {
-    let Some(value) = value else {
-        return Ok(default);
-    };
-    let parsed = if value.is_instance_of::<PyBool>() {
-        None
-    } else {
-        value.extract::<f64>().ok()
-    };
-    match parsed {
-        Some(seconds) => {
-            limits::seconds(name, seconds).map_err(|err| bad_value(name, &value, err.expected))
-        }
-        None => Err(bad_value(
-            name,
-            &value,
-            "expected seconds above 0 and at most 86400",
-        )),
-    }
+    Ok(limits)
 }
 
 fn bad_value(name: &str, value: &Bound<'_, PyAny>, expected: &str) -> PyErr {
@@ -253,10 +180,8 @@ fn build_info(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     info.set_item("version", env!("CARGO_PKG_VERSION"))?;
     info.set_item("profile", env!("OVERLAY_BUILD_PROFILE"))?;
     info.set_item("target", env!("OVERLAY_BUILD_TARGET"))?;
-    info.set_item(
-        "grpc",
-        "tonic 0.14, tonic-health 0.14, tonic-reflection 0.14, prost 0.14",
-    )?;
+    // The gRPC crates this module was built with, read from Cargo.lock by build.rs.
+    info.set_item("grpc", env!("OVERLAY_GRPC_CRATES"))?;
     info.set_item(
         "services",
         vec![
@@ -275,11 +200,10 @@ fn build_info(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     let defaults = PyDict::new(m.py());
-    for (name, value) in Limits::default().as_pairs() {
-        if name.ends_with("_s") {
-            defaults.set_item(name, value)?;
-        } else {
-            defaults.set_item(name, value as u64)?;
+    for (limit, value) in Limits::default().as_pairs() {
+        match limit.kind {
+            Kind::Seconds => defaults.set_item(limit.keyword, value)?,
+            Kind::Count => defaults.set_item(limit.keyword, value as u64)?,
         }
     }
     m.add("DEFAULT_LIMITS", defaults)?;

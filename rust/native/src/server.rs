@@ -1,10 +1,11 @@
 //! The follower metadata server: `SglangService/GetServerInfo` plus `grpc.health.v1.Health`,
 //! and gRPC server reflection over those two unless switched off.
 //!
-//! Each server owns a small tokio runtime on one background thread. It binds in the caller's
-//! thread (so bind errors surface at once), answers GetServerInfo with one immutable JSON
-//! snapshot, and stops within `ServerOptions::shutdown_grace` even while clients hold
-//! streams open (health Watch streams never end on their own).
+//! Each server owns a small multi-thread tokio runtime (`ServerOptions::worker_threads`
+//! workers) driven from one server thread of its own. It binds in the caller's thread (so bind
+//! errors surface at once), answers GetServerInfo with one immutable JSON snapshot, and stops
+//! within `ServerOptions::shutdown_grace` even while clients hold streams open (health Watch
+//! streams never end on their own).
 
 use std::fmt;
 use std::io;

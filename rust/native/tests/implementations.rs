@@ -8,13 +8,13 @@ use tonic::Code;
 use tonic::codegen::http::uri::PathAndQuery;
 use tonic::transport::Channel;
 
-use _native::proto::GetServerInfoRequest;
-use _native::proto::sglang_service_client::SglangServiceClient;
 use _native::server::{MetadataServer, ServerOptions};
 use _native::service::Implementation;
 use _native::{GET_SERVER_INFO_PATH, SGLANG_SERVICE};
 
 mod common;
+use common::client::GetServerInfoRequest;
+use common::client::sglang_service_client::SglangServiceClient;
 use common::*;
 
 const IMPLEMENTATIONS: [Implementation; 2] = [Implementation::Framed, Implementation::Generated];

@@ -17,11 +17,11 @@ use tonic_health::pb::health_client::HealthClient;
 use _native::GET_SERVER_INFO_PATH;
 use _native::incoming::HTTP2_PREFACE;
 use _native::limits::Limits;
-use _native::proto::GetServerInfoRequest;
-use _native::proto::sglang_service_client::SglangServiceClient;
 use _native::server::{MetadataServer, ServerOptions};
 
 mod common;
+use common::client::GetServerInfoRequest;
+use common::client::sglang_service_client::SglangServiceClient;
 use common::*;
 
 const SNAPSHOT: &str = r#"{"node_rank": 1}"#;

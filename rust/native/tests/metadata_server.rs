@@ -3,8 +3,6 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use _native::proto::GetServerInfoRequest;
-use _native::proto::sglang_service_client::SglangServiceClient;
 use _native::server::{MetadataServer, ServerOptions, StartError};
 use tonic::Code;
 use tonic_health::pb::HealthCheckRequest;
@@ -12,6 +10,8 @@ use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
 
 mod common;
+use common::client::GetServerInfoRequest;
+use common::client::sglang_service_client::SglangServiceClient;
 use common::*;
 
 const UPSTREAM_RPCS: &str = include_str!("../../../tests/data/upstream_sglang_rpcs.txt");

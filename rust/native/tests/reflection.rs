@@ -177,9 +177,9 @@ async fn at_most_max_streams_are_open_at_once_and_a_closed_one_frees_its_place()
     );
     // GetServerInfo and health are not affected by reflection's cap.
     let mut client =
-        _native::proto::sglang_service_client::SglangServiceClient::new(channel(&server).await);
+        client::sglang_service_client::SglangServiceClient::new(channel(&server).await);
     client
-        .get_server_info(_native::proto::GetServerInfoRequest {})
+        .get_server_info(client::GetServerInfoRequest {})
         .await
         .unwrap();
 

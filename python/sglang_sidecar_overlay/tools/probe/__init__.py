@@ -1,8 +1,9 @@
 """Probe one node the way a KV-aware router does: fetch, validate, optionally listen.
 
 ``run_probe`` calls ``GetServerInfo`` on ``HOST:PORT`` (``rpc``), checks the contract consumers
-rely on (``checks``), reads ``grpc.health.v1`` when the server offers it and, with a listen
-window, subscribes to every advertised publisher and asks each replay endpoint for its
+rely on (``shapes`` by the schema, then ``checks``), dials the advertised endpoints and reads
+``grpc.health.v1`` when the server offers it (``reachability``) and, with a listen window,
+subscribes to every advertised publisher and asks each replay endpoint for its
 history (``listen``). Everything runs in the calling process and returns a ``ProbeReport``
 (``report``); the CLI renders it. Expected failures (closed port, timeout, a server that is
 not SGLang) are a ``ProbeError`` with a one-line message; contract problems are ``Finding``s.
@@ -14,12 +15,9 @@ from collections.abc import Callable
 from typing import Any
 
 from sglang_sidecar_overlay.contract.endpoints import endpoint_problems
-from sglang_sidecar_overlay.tools.probe.checks import (
-    check_listening,
-    check_server_info,
-    health_findings,
-)
+from sglang_sidecar_overlay.tools.probe.checks import check_server_info
 from sglang_sidecar_overlay.tools.probe.listen import listen, traffic_findings
+from sglang_sidecar_overlay.tools.probe.reachability import check_listening, health_findings
 from sglang_sidecar_overlay.tools.probe.report import (
     ERROR,
     INFO,

@@ -25,6 +25,8 @@ from collections.abc import Callable, Sequence
 from concurrent import futures
 from typing import Any
 
+from sglang_sidecar_overlay.contract.values import is_int
+from sglang_sidecar_overlay.tools.exit_codes import EXIT_OK, EXIT_PROBLEM, EXIT_UNREACHABLE
 from sglang_sidecar_overlay.tools.probe.report import (
     ERROR,
     OK,
@@ -32,6 +34,8 @@ from sglang_sidecar_overlay.tools.probe.report import (
     Finding,
     ProbeError,
     ProbeReport,
+    count_level,
+    passes,
 )
 from sglang_sidecar_overlay.tools.probe.rpc import DEFAULT_TIMEOUT, parse_target
 
@@ -45,10 +49,6 @@ __all__ = [
 ]
 
 GROUP = "group"
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def expected_node_rank(rank: int, size: int, nnodes: int) -> int:
@@ -85,19 +85,18 @@ class GroupReport:
     rank_space_size: int | None = None
 
     def count(self, level: str) -> int:
-        return sum(1 for finding in self.findings if finding.level == level)
+        return count_level(self.findings, level)
 
     @property
     def ok(self) -> bool:
-        if self.count(ERROR) or not all(node.ok for node in self.nodes):
-            return False
-        return not (self.strict and self.count(WARNING))
+        """Every node passed its own probe and the group's findings pass."""
+        return all(node.ok for node in self.nodes) and passes(self.findings, strict=self.strict)
 
     def exit_code(self) -> int:
         """0 all good; 1 a problem (a node down counts); 3 no node could be probed at all."""
         if self.nodes and all(node.error is not None for node in self.nodes):
-            return 3
-        return 0 if self.ok else 1
+            return EXIT_UNREACHABLE
+        return EXIT_OK if self.ok else EXIT_PROBLEM
 
     def to_json(self) -> dict:
         """The stable ``probe --group --json`` object (documented in the operator guide)."""
@@ -253,8 +252,8 @@ def _group_shape(nodes: list[ProbeReport]) -> tuple[int | None, int | None]:
     one_nnodes = next(iter(nnodes)) if len(nnodes) == 1 else None
     one_size = next(iter(sizes)) if len(sizes) == 1 else None
     return (
-        one_nnodes if _is_int(one_nnodes) and one_nnodes >= 1 else None,
-        one_size if _is_int(one_size) and one_size >= 1 else None,
+        one_nnodes if is_int(one_nnodes) and one_nnodes >= 1 else None,
+        one_size if is_int(one_size) and one_size >= 1 else None,
     )
 
 
@@ -314,7 +313,7 @@ def _check_ranks(report: GroupReport, nodes: list[ProbeReport]) -> list[Finding]
         sources = info.get("kv_event_sources")
         for source in sources if isinstance(sources, list) else []:
             rank = source.get("dp_rank") if isinstance(source, dict) else None
-            if _is_int(rank):
+            if is_int(rank):
                 owners.setdefault(rank, []).append((info.get("node_rank"), node.target))
     report.owners = owners
     nnodes, size = _group_shape(nodes)

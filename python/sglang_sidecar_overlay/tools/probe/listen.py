@@ -8,17 +8,33 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from sglang_sidecar_overlay.tools.probe.report import ERROR, INFO, OK, WARNING, Finding, RankTraffic
+from sglang_sidecar_overlay.tools.probe.report import INFO, OK, CheckFindings, Finding, RankTraffic
 
-__all__ = ["Subscriptions", "listen", "traffic_findings"]
+__all__ = [
+    "REPLAY_END_SEQ",
+    "SEQ_BYTES",
+    "Subscriptions",
+    "decode_seq",
+    "encode_seq",
+    "listen",
+    "traffic_findings",
+]
 
-_END_SEQ = -1
-# Sequence numbers are 8-byte big-endian; the replay end marker is -1 as signed.
-_SEQ_BYTES = 8
+# SGLang's event stream: sequence numbers are 8-byte big-endian, and a replay ends with the
+# sequence number -1 (signed). The one place this framing is written (the selftest's stand-in
+# publisher sends what this module reads).
+SEQ_BYTES = 8
+REPLAY_END_SEQ = -1
 
 
-def _decode_seq(raw: bytes) -> int | None:
-    if len(raw) != _SEQ_BYTES:
+def encode_seq(seq: int) -> bytes:
+    """A sequence-number frame; ``REPLAY_END_SEQ`` encodes as eight 0xff bytes."""
+    return seq.to_bytes(SEQ_BYTES, "big", signed=True)
+
+
+def decode_seq(raw: bytes) -> int | None:
+    """The sequence number of a frame, or None when the frame is not 8 bytes."""
+    if len(raw) != SEQ_BYTES:
         return None
     return int.from_bytes(raw, "big", signed=True)
 
@@ -73,7 +89,7 @@ def _on_live(traffic: RankTraffic, frames: list[bytes]) -> None:
         # SUB filters by prefix; a longer topic sharing the prefix is someone else's.
         traffic.other_topics += 1
         return
-    seq = _decode_seq(seq_raw)
+    seq = decode_seq(seq_raw)
     if seq is None:
         _reject(traffic, "sequence frame is not 8 bytes")
         return
@@ -92,11 +108,11 @@ def _on_replay(traffic: RankTraffic, frames: list[bytes]) -> None:
     else:
         _reject(traffic, f"replay message has {len(frames)} frames")
         return
-    seq = _decode_seq(seq_raw)
+    seq = decode_seq(seq_raw)
     if seq is None:
         _reject(traffic, "replay sequence frame is not 8 bytes")
         return
-    if seq == _END_SEQ:
+    if seq == REPLAY_END_SEQ:
         traffic.replay = "complete"
         return
     _record_batch(traffic, seq, payload, replay=True)
@@ -159,7 +175,7 @@ class Subscriptions:
                 _reject(item, f"cannot connect to {item.replay_endpoint}: {exc}")
                 return
             # The ROUTER expects [identity, "", start_seq]; DEALER adds no delimiter.
-            dealer.send_multipart([b"", (0).to_bytes(_SEQ_BYTES, "big")])
+            dealer.send_multipart([b"", encode_seq(0)])
             item.replay = "requested"
             self._poller.register(dealer, zmq.POLLIN)
             self._handlers[dealer] = (item, _on_replay)
@@ -218,76 +234,56 @@ def listen(
 
 
 def traffic_findings(traffic: Sequence[RankTraffic], seconds: float) -> list[Finding]:
+    """One check per advertised rank: an OK summary line when nothing is wrong, else an INFO
+    summary line followed by the problems, each naming the source's field."""
     found: list[Finding] = []
     for item in traffic:
-        name = f"rank {item.dp_rank}"
-        prefix = f"kv_event_sources[{item.index}]"
+        rank = _rank_problems(item, seconds)
         summary = (
             f"{item.batches} batches / {item.events} events live, "
             f"{item.replay_batches} batches / {item.replay_events} events replayed, "
             f"highest seq {item.highest_seq if item.highest_seq is not None else '-'}"
         )
-        problems: list[Finding] = []
-        if item.rank_matches is False:
-            stamped = sorted(item.stamped_ranks)
-            problems.append(
-                Finding(
-                    ERROR,
-                    name,
-                    f"{prefix}.dp_rank",
-                    f"batches are stamped with rank(s) {stamped}, advertised {item.dp_rank}",
-                )
-            )
-        if item.bad_messages:
-            problems.append(
-                Finding(
-                    ERROR,
-                    name,
-                    f"{prefix}.endpoint",
-                    f"{item.bad_messages} undecodable message(s): {item.last_bad}",
-                )
-            )
-        if item.replay == "requested":
-            problems.append(
-                Finding(
-                    ERROR,
-                    name,
-                    f"{prefix}.replay_endpoint",
-                    f"no complete replay from {item.replay_endpoint} within {seconds:g}s",
-                )
-            )
-        if item.batches + item.replay_batches == 0:
-            problems.append(
-                Finding(WARNING, name, prefix, f"no events within {seconds:g}s (idle publisher?)")
-            )
-        if item.unstamped_batches:
-            problems.append(
-                Finding(
-                    WARNING,
-                    name,
-                    f"{prefix}.dp_rank",
-                    f"{item.unstamped_batches} batch(es) carry no rank stamp",
-                )
-            )
-        if item.seq_gaps:
-            problems.append(
-                Finding(WARNING, name, prefix, f"{item.seq_gaps} gap(s) in live sequence numbers")
-            )
-        if item.seq_resets:
-            problems.append(
-                Finding(
-                    WARNING,
-                    name,
-                    prefix,
-                    f"live sequence numbers started over {item.seq_resets} time(s) "
-                    "(publisher restarted)",
-                )
-            )
         # The summary line names the rank, not a field: problems below carry the fields.
-        if not problems:
+        line = CheckFindings(rank.check)
+        if not rank.found:
             stamp = "stamped rank matches" if item.rank_matches else "no rank stamp seen"
-            found.append(Finding(OK, name, None, f"{summary}, {stamp}"))
+            line.add(OK, None, f"{summary}, {stamp}")
         else:
-            found.append(Finding(INFO, name, None, summary))
-            found += problems
+            line.add(INFO, None, summary)
+        found += line.found + rank.found
     return found
+
+
+def _rank_problems(item: RankTraffic, seconds: float) -> CheckFindings:
+    rank = CheckFindings(f"rank {item.dp_rank}")
+    source = ("kv_event_sources", item.index)
+    if item.rank_matches is False:
+        stamped = sorted(item.stamped_ranks)
+        rank.error(
+            (*source, "dp_rank"),
+            f"batches are stamped with rank(s) {stamped}, advertised {item.dp_rank}",
+        )
+    if item.bad_messages:
+        rank.error(
+            (*source, "endpoint"), f"{item.bad_messages} undecodable message(s): {item.last_bad}"
+        )
+    if item.replay == "requested":
+        rank.error(
+            (*source, "replay_endpoint"),
+            f"no complete replay from {item.replay_endpoint} within {seconds:g}s",
+        )
+    if item.batches + item.replay_batches == 0:
+        rank.warning(source, f"no events within {seconds:g}s (idle publisher?)")
+    if item.unstamped_batches:
+        rank.warning(
+            (*source, "dp_rank"), f"{item.unstamped_batches} batch(es) carry no rank stamp"
+        )
+    if item.seq_gaps:
+        rank.warning(source, f"{item.seq_gaps} gap(s) in live sequence numbers")
+    if item.seq_resets:
+        rank.warning(
+            source,
+            f"live sequence numbers started over {item.seq_resets} time(s) (publisher restarted)",
+        )
+    return rank

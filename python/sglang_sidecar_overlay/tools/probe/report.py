@@ -1,20 +1,64 @@
 """The probe's report model: findings, per-rank traffic, and the ``--json`` shape.
 
 ``ProbeReport`` is what every probe step fills in and what the CLI renders; ``ProbeError`` is
-an expected failure to probe at all (closed port, timeout, not SGLang), one line long.
+an expected failure to probe at all (closed port, timeout, not SGLang), one line long. A
+finding names the field it is about by its JSON location, a tuple of keys and indices like
+jsonschema's ``absolute_path`` (``("kv_event_sources", 0, "dp_rank")``), written out as
+``kv_event_sources[0].dp_rank`` (``field_path``). ``CheckFindings`` builds one check's findings
+and derives its OK line.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable, Sequence
 from typing import Any
 
-__all__ = ["ERROR", "INFO", "OK", "WARNING", "Finding", "ProbeError", "ProbeReport", "RankTraffic"]
+from sglang_sidecar_overlay.tools.exit_codes import EXIT_OK, EXIT_PROBLEM, EXIT_UNREACHABLE
+
+__all__ = [
+    "ERROR",
+    "INFO",
+    "OK",
+    "WARNING",
+    "CheckFindings",
+    "Finding",
+    "Location",
+    "ProbeError",
+    "ProbeReport",
+    "RankTraffic",
+    "count_level",
+    "field_path",
+    "passes",
+]
 
 OK = "ok"
 INFO = "info"
 WARNING = "warning"
 ERROR = "error"
+
+
+# Where in a node's server info a finding is: keys and list indices from the top.
+Location = tuple[str | int, ...]
+
+
+def field_path(location: Location) -> str:
+    """``kv_event_sources[0].dp_rank`` for ``("kv_event_sources", 0, "dp_rank")``."""
+    text = ""
+    for part in location:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+    return text
+
+
+def count_level(findings: Iterable[Finding], level: str) -> int:
+    return sum(1 for finding in findings if finding.level == level)
+
+
+def passes(findings: Sequence[Finding], *, strict: bool) -> bool:
+    """The verdict on findings: no error, and no warning either when ``strict``."""
+    if count_level(findings, ERROR):
+        return False
+    return not (strict and count_level(findings, WARNING))
 
 
 class ProbeError(Exception):
@@ -37,6 +81,43 @@ class Finding:
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
+
+
+class CheckFindings:
+    """The findings of one check (one report ``check`` name), added rule by rule.
+
+    :meth:`result` returns them, with the check's OK line first when it has one to give:
+    the check found no error and the schema flagged nothing it reads.
+    """
+
+    def __init__(self, check: str) -> None:
+        self.check = check
+        self.found: list[Finding] = []
+
+    def add(self, level: str, location: Location | None, message: str) -> None:
+        field = None if location is None else field_path(location) or "json_info"
+        self.found.append(Finding(level, self.check, field, message))
+
+    def error(self, location: Location | None, message: str) -> None:
+        self.add(ERROR, location, message)
+
+    def warning(self, location: Location | None, message: str) -> None:
+        self.add(WARNING, location, message)
+
+    @property
+    def has_error(self) -> bool:
+        return any(finding.level == ERROR for finding in self.found)
+
+    def result(
+        self, ok: tuple[Location | None, str] | None = None, *, shapes_ok: bool = True
+    ) -> list[Finding]:
+        """The findings; ``ok`` (location, message) first when ``shapes_ok`` and no error."""
+        if ok is None or not shapes_ok or self.has_error:
+            return self.found
+        location, message = ok
+        passed = CheckFindings(self.check)
+        passed.add(OK, location, message)
+        return passed.found + self.found
 
 
 @dataclasses.dataclass
@@ -106,20 +187,18 @@ class ProbeReport:
     traffic: list[RankTraffic] = dataclasses.field(default_factory=list)
 
     def count(self, level: str) -> int:
-        return sum(1 for finding in self.findings if finding.level == level)
+        return count_level(self.findings, level)
 
     @property
     def ok(self) -> bool:
-        """Nothing wrong: no error, and no warning either when ``strict``."""
-        if self.error is not None or self.count(ERROR):
-            return False
-        return not (self.strict and self.count(WARNING))
+        """Nothing wrong: probed, no error, and no warning either when ``strict``."""
+        return self.error is None and passes(self.findings, strict=self.strict)
 
     def exit_code(self) -> int:
         """0 all good, 1 the node answered but something is wrong, 3 it could not be probed."""
         if self.error is not None:
-            return 3
-        return 0 if self.ok else 1
+            return EXIT_UNREACHABLE
+        return EXIT_OK if self.ok else EXIT_PROBLEM
 
     def to_json(self) -> dict:
         """The stable ``probe --json`` object (documented in the operator guide)."""

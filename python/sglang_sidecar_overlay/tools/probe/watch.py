@@ -193,6 +193,25 @@ def render_lines(nodes: Sequence[NodeView], now: float | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _draw(nodes: Sequence[NodeView], out: TextIO, in_place: bool, now: float) -> None:
+    """One frame: redrawn in place on a terminal, appended as lines otherwise."""
+    for node in nodes:
+        node.update_rates(now)
+    view = render_table(nodes) if in_place else render_lines(nodes)
+    out.write((_HOME_CLEAR + view) if in_place else view)
+    out.flush()
+
+
+def _poll_until(nodes: Sequence[NodeView], wake: float) -> None:
+    """Handle events until ``wake`` (monotonic), the wait shared among subscribed nodes."""
+    wait = max(0.01, wake - time.monotonic())
+    polled = [node for node in nodes if node.subscriptions is not None]
+    if not polled:
+        time.sleep(min(wait, 0.2))
+    for node in polled:
+        node.poll(wait / len(polled))
+
+
 def run_watch(
     targets: Sequence[str],
     out: TextIO,
@@ -222,22 +241,12 @@ def run_watch(
                     node.refresh(timeout)
                 next_refresh = time.monotonic() + refresh
             if now >= next_render:
-                for node in nodes:
-                    node.update_rates(now)
-                view = render_table(nodes) if in_place else render_lines(nodes)
-                out.write((_HOME_CLEAR + view) if in_place else view)
-                out.flush()
+                _draw(nodes, out, in_place, now)
                 next_render += interval
             wake = min(next_render, next_refresh)
             if duration is not None:
                 wake = min(wake, start + duration)
-            wait = max(0.01, wake - time.monotonic())
-            polled = [node for node in nodes if node.subscriptions is not None]
-            if polled:
-                for node in polled:
-                    node.poll(wait / len(polled))
-            else:
-                time.sleep(min(wait, 0.2))
+            _poll_until(nodes, wake)
     except KeyboardInterrupt:
         pass
     finally:

@@ -1,10 +1,12 @@
-"""Hand-rolled protobuf wire format for the few tiny messages the operator tools exchange.
+"""Hand-rolled protobuf wire format for the few tiny messages the probe exchanges (client side).
 
 The runtime dependencies stop at grpcio: no protobuf package and no generated code. The
 messages involved have at most one scalar field each, so encoding them by hand is shorter
-than any code generator and keeps ``probe`` importable on a bare SGLang image.
+than any code generator and keeps ``probe`` importable on a bare SGLang image. The method
+paths below are the only place the package writes them.
 
-Messages covered (field numbers are part of the upstream contract):
+Messages covered (field numbers are part of the upstream contract); the probe encodes the
+requests and decodes the responses:
 
 - ``sglang.runtime.v1.GetServerInfoRequest {}``
 - ``sglang.runtime.v1.GetServerInfoResponse { string json_info = 1; }``
@@ -112,7 +114,7 @@ def iter_fields(data: bytes) -> list[tuple[int, int, int | bytes]]:
     return fields
 
 
-def _encode_string_field(number: int, text: str) -> bytes:
+def encode_string_field(number: int, text: str) -> bytes:
     # proto3 omits a scalar field that holds its default value.
     if not text:
         return b""
@@ -120,14 +122,8 @@ def _encode_string_field(number: int, text: str) -> bytes:
     return encode_varint(number << 3 | _LENGTH_DELIMITED) + encode_varint(len(raw)) + raw
 
 
-def _encode_enum_field(number: int, value: int) -> bytes:
-    if value == 0:
-        return b""
-    return encode_varint(number << 3 | _VARINT) + encode_varint(value)
-
-
-def _last_string(data: bytes, number: int) -> str:
-    # Last occurrence wins for a repeated scalar field (protobuf merge semantics).
+def last_string(data: bytes, number: int) -> str:
+    """The string field ``number`` of a message; the last occurrence wins (protobuf merge)."""
     text = ""
     for field, wire_type, value in iter_fields(data):
         if field != number:
@@ -141,7 +137,8 @@ def _last_string(data: bytes, number: int) -> str:
     return text
 
 
-def _last_varint(data: bytes, number: int) -> int:
+def last_varint(data: bytes, number: int) -> int:
+    """The varint field ``number`` of a message; the last occurrence wins (protobuf merge)."""
     result = 0
     for field, wire_type, value in iter_fields(data):
         if field != number:
@@ -157,43 +154,19 @@ def encode_get_server_info_request() -> bytes:
     return b""
 
 
-def decode_get_server_info_request(data: bytes) -> dict:
-    """Validate a ``GetServerInfoRequest``; its (empty) fields as a dict.
-
-    Not ``None``: grpcio servers read a ``None`` request as a failed deserialization.
-    """
-    iter_fields(data)
-    return {}
-
-
-def encode_get_server_info_response(json_info: str) -> bytes:
-    """``GetServerInfoResponse { string json_info = 1; }``."""
-    return _encode_string_field(1, json_info)
-
-
 def decode_get_server_info_response(data: bytes) -> str:
     """The ``json_info`` string of a ``GetServerInfoResponse``."""
-    return _last_string(data, 1)
+    return last_string(data, 1)
 
 
 def encode_health_check_request(service: str = "") -> bytes:
     """``HealthCheckRequest { string service = 1; }``; ``""`` asks about the whole server."""
-    return _encode_string_field(1, service)
-
-
-def decode_health_check_request(data: bytes) -> str:
-    """The ``service`` name of a ``HealthCheckRequest``."""
-    return _last_string(data, 1)
-
-
-def encode_health_check_response(status: int) -> bytes:
-    """``HealthCheckResponse { ServingStatus status = 1; }``."""
-    return _encode_enum_field(1, int(status))
+    return encode_string_field(1, service)
 
 
 def decode_health_check_response(data: bytes) -> int:
     """The raw status number; unknown values are kept so callers can report them."""
-    return _last_varint(data, 1)
+    return last_varint(data, 1)
 
 
 def status_name(status: int) -> str:

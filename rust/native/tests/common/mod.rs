@@ -18,6 +18,12 @@ use tonic::transport::{Channel, Endpoint};
 use _native::GET_SERVER_INFO_PATH;
 use _native::server::MetadataServer;
 
+/// The generated SglangService client and its messages: built for these tests only (the
+/// module itself never calls the service).
+pub mod client {
+    include!(concat!(env!("OUT_DIR"), "/client/sglang.runtime.v1.rs"));
+}
+
 /// Every wait in these tests ends by this deadline; the machine may be busy.
 pub const DEADLINE: Duration = Duration::from_secs(20);
 

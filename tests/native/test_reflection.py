@@ -33,15 +33,6 @@ TIMEOUT_S = 20.0
 
 
 @pytest.fixture
-def server() -> Iterator[MetadataServer]:
-    srv = start_metadata_server("127.0.0.1", 0, SNAPSHOT)
-    try:
-        yield srv
-    finally:
-        srv.shutdown()
-
-
-@pytest.fixture
 def channel(server: MetadataServer) -> Iterator[grpc.Channel]:
     with grpc.insecure_channel(f"127.0.0.1:{server.port}") as chan:
         yield chan

@@ -1,4 +1,5 @@
-"""metadata: the legacy dp_size switch, rank space, the one builder, redaction and the schema."""
+"""contract.server_info: the legacy dp_size switch, rank space, the one builder, redaction and
+the schema."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import jsonschema
 import pytest
+from conftest import ROOT
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from sglang_sidecar_overlay.contract.incarnation import CONTRACT_VERSION, Incarnation
@@ -31,7 +33,7 @@ from sglang_sidecar_overlay.contract.server_info import (
 )
 from sglang_sidecar_overlay.contract.sources import SourceConflictError, describe_source
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = ROOT
 PACKAGE_SCHEMA = REPO / "python" / "sglang_sidecar_overlay" / "contract" / "server-info.schema.json"
 DOCS_SCHEMA = REPO / "docs" / "server-info.schema.json"
 # A fixed launch keeps the builder's output deterministic in these tests.

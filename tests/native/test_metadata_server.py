@@ -6,32 +6,19 @@ import errno
 import json
 import socket
 import threading
-from collections.abc import Iterator
-from pathlib import Path
 
 import grpc
 import pytest
-from conftest import has_ipv6_loopback
+from conftest import TESTS, has_ipv6_loopback
 from sglang_sidecar_overlay._native import MetadataServer, start_metadata_server
 from sglang_sidecar_overlay.tools.probe import wire
 
 UPSTREAM_RPCS = [
     line
-    for line in (Path(__file__).parent / "data" / "upstream_sglang_rpcs.txt")
-    .read_text()
-    .splitlines()
+    for line in (TESTS / "data" / "upstream_sglang_rpcs.txt").read_text().splitlines()
     if line and not line.startswith("#")
 ]
 SNAPSHOT = json.dumps({"node_rank": 1, "nnodes": 2, "kv_event_sources": []})
-
-
-@pytest.fixture
-def server() -> Iterator[MetadataServer]:
-    srv = start_metadata_server("127.0.0.1", 0, SNAPSHOT)
-    try:
-        yield srv
-    finally:
-        srv.shutdown()
 
 
 def target(srv: MetadataServer) -> str:

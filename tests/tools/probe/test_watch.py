@@ -19,14 +19,13 @@ import time
 from collections.abc import Iterator
 
 import zmq
+from probe_nodes import PACKAGE_PARENT, feeding, run_cli
 from sglang_sidecar_overlay._native import start_metadata_server
 from sglang_sidecar_overlay.contract.incarnation import Incarnation
 from sglang_sidecar_overlay.contract.server_info import render_server_info
 from sglang_sidecar_overlay.tools import probe
 from sglang_sidecar_overlay.tools.probe.watch import NodeView, render_lines, render_table, run_watch
 from sglang_sidecar_overlay.tools.selftest import StandInPublisher, node_snapshot
-from test_cli import PACKAGE_PARENT, run_cli
-from test_probe import feeding
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 NEVER = re.compile(r"(?!)")

@@ -13,7 +13,8 @@ import types
 
 import jsonschema
 import pytest
-from sglang_sidecar_overlay.adapters._common import publisher_bounds, with_publisher_bounds
+from probe_nodes import errors_of
+from sglang_sidecar_overlay.adapters._publisher import publisher_bounds, with_publisher_bounds
 from sglang_sidecar_overlay.contract.incarnation import (
     CONTRACT_VERSION,
     Incarnation,
@@ -40,10 +41,6 @@ FIXED = Incarnation(id="fedcba9876543210" * 2, started_at=1_800_000_000.5)
 def snapshot(incarnation=FIXED, args=ARGS) -> dict:
     sources = [describe_source(1, "tcp://*:5558", "kv", 16, "tcp://*:5601")]
     return build_server_info(args, READY, incarnation=incarnation, kv_event_sources=sources)
-
-
-def errors_of(findings) -> dict[str, str]:
-    return {f.field or f.check: f.message for f in findings if f.level == probe.ERROR}
 
 
 def test_every_launch_gets_a_new_128_bit_id_kept_for_the_whole_launch() -> None:

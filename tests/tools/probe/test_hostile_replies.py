@@ -20,12 +20,12 @@ import grpc
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from probe_nodes import grpc_node, run_cli
 from sglang_sidecar_overlay.contract.endpoints import endpoint_problems, normalize_endpoint
 from sglang_sidecar_overlay.contract.schema import contract_validator, load_schema
 from sglang_sidecar_overlay.tools import probe
 from sglang_sidecar_overlay.tools.probe import check_server_info, wire
-from test_cli import run_cli
-from test_probe import grpc_node
+from wire_server import encode_get_server_info_response
 
 # --- endpoint grammar ---------------------------------------------------------------------------
 
@@ -383,7 +383,7 @@ def test_wrong_types_everywhere_are_findings() -> None:
 def test_a_stream_that_never_ends_times_out_in_one_line() -> None:
     def forever(stop: threading.Event) -> Iterator[bytes]:
         while not stop.wait(0.05):
-            yield wire.encode_get_server_info_response('{"node_rank": 0}')
+            yield encode_get_server_info_response('{"node_rank": 0}')
 
     with raw_grpc_node(stream=forever) as target:
         result = run_cli("probe", target, "--timeout", "3", timeout=60)
@@ -414,9 +414,9 @@ def test_a_tcp_peer_that_is_not_grpc_is_one_line(send: bytes | None) -> None:
 
 RAW_REPLIES = st.one_of(
     st.binary(max_size=300),
-    st.builds(wire.encode_get_server_info_response, st.text(max_size=200)),
+    st.builds(encode_get_server_info_response, st.text(max_size=200)),
     st.builds(
-        lambda value: wire.encode_get_server_info_response(json.dumps(value)),
+        lambda value: encode_get_server_info_response(json.dumps(value)),
         st.one_of(
             WRONG_TYPED_INFO.filter(lambda info: "kv_event_sources" not in info), JSON_VALUES
         ),

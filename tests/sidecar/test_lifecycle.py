@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import sglang_sidecar_overlay
+from conftest import TESTS
 from sglang_sidecar_overlay.sidecar import proctree, shim
 from sglang_sidecar_overlay.sidecar.supervisor import SidecarOptions
 from sidecar_providers.harness import (
@@ -33,7 +34,7 @@ from sidecar_providers.harness import (
     wait_for,
 )
 
-TESTS_DIR = Path(__file__).resolve().parent
+TESTS_DIR = TESTS
 PACKAGE_ROOT = Path(sglang_sidecar_overlay.__file__).resolve().parent.parent
 
 
@@ -343,11 +344,8 @@ def test_shim_exits_without_running_provider_if_parent_already_gone(reaper, tmp_
 
 _SIGTERM_PARENT = """
 import json, os, signal, sys, time
-from sglang_sidecar_overlay.sidecar.supervisor import (
-    SidecarOptions,
-    SidecarSupervisor,
-    running_sidecar,
-)
+from sglang_sidecar_overlay.sidecar.supervisor import SidecarOptions, SidecarSupervisor
+from sidecar_providers.harness import running_sidecar
 report, ready, mode = sys.argv[1], sys.argv[2], sys.argv[3]
 if mode == "chained":
     def previous(signum, frame):

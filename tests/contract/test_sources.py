@@ -1,4 +1,5 @@
-"""kv_sources against real ZMQ sockets: bind, describe, subscribe and replay through the result.
+"""contract.sources against real ZMQ sockets: bind, describe, subscribe and replay through the
+result.
 
 Publishers here speak SGLang's wire format: three frames (topic, 8-byte big-endian sequence,
 msgpack event batch) on PUB; replay over a bound ROUTER answers a DEALER's 8-byte start

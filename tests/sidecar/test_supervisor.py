@@ -171,8 +171,7 @@ def supervise():
     supervisors.close()
 
 
-@pytest.mark.parametrize("in_argv", [False, True])
-def test_main_gets_exactly_provider_args_and_endpoint(supervise, tmp_path, in_argv: bool) -> None:
+def test_main_gets_exactly_provider_args_and_endpoint(supervise, tmp_path) -> None:
     report = str(tmp_path / "r.json")
     opts, provider_args = SidecarOptions.from_args(
         [
@@ -181,11 +180,10 @@ def test_main_gets_exactly_provider_args_and_endpoint(supervise, tmp_path, in_ar
         ]
     )
     assert provider_args == ["--report", report, "--name", "a b"]
-    sup, fatal = supervise("serve", provider_args, options=opts, endpoint_in_argv=in_argv)
+    sup, fatal = supervise("serve", provider_args, options=opts)
     sup.start()
     got = read_report(report)
-    expected_argv = ["--sglang-endpoint", "http://127.0.0.1:30001"] if in_argv else []
-    assert got["argv"] == [*expected_argv, *provider_args]
+    assert got["argv"] == provider_args
     assert got["endpoint_env"] == "http://127.0.0.1:30001"
     assert fatal.calls == []
 

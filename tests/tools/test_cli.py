@@ -10,47 +10,25 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-import sglang_sidecar_overlay
-from sglang_sidecar_overlay.contract.server_info import LEGACY_DP_SIZE_ENV, render_server_info
-from sglang_sidecar_overlay.releases import SUPPORTED_RANGE, installed_sglang_version
-from sglang_sidecar_overlay.tools.probe import wire
-from test_probe import (
+from probe_nodes import (
     closed_port,
     feeding,
     good_info,
     grpc_node,
     live_publishers,
     publish_history,
+    run_cli,
 )
+from sglang_sidecar_overlay.contract.server_info import LEGACY_DP_SIZE_ENV, render_server_info
+from sglang_sidecar_overlay.releases import SUPPORTED_RANGE, installed_sglang_version
+from sglang_sidecar_overlay.tools.probe import wire
 
-# The subprocess imports the same package as this test process.
-PACKAGE_PARENT = Path(sglang_sidecar_overlay.__file__).resolve().parent.parent
 SERVING = wire.ServingStatus.SERVING
-
-
-def run_cli(
-    *args: str, extra_path: tuple[Path, ...] = (), env: dict | None = None, timeout: float = 60
-) -> subprocess.CompletedProcess:
-    environ = dict(os.environ)
-    for name in ("SGLANG_PLUGINS", LEGACY_DP_SIZE_ENV, "PYTHONPATH"):
-        environ.pop(name, None)
-    environ["PYTHONPATH"] = os.pathsep.join([*map(str, extra_path), str(PACKAGE_PARENT)])
-    environ["PYTHONIOENCODING"] = "utf-8"
-    environ.update(env or {})
-    return subprocess.run(
-        [sys.executable, "-m", "sglang_sidecar_overlay", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=environ,
-        check=False,
-    )
 
 
 def one_line(stderr: str) -> str:
@@ -110,14 +88,24 @@ def test_probe_passes_against_a_live_node() -> None:
 
 
 def _mutate(info: dict, rule: str) -> str:
-    sources = info["kv_event_sources"]
     if rule == "unparsable JSON":
         return '{"node_rank": 1,'
     if rule == "node_rank >= nnodes":
         info["node_rank"] = 2
     elif rule == "multi-node without dist_init_addr":
         info["dist_init_addr"] = None
-    elif rule == "rank outside the rank space":
+    elif rule == "block size differs from kv_events":
+        info["kv_events"]["block_size"] = 64
+    elif rule == "no kv_event_sources":
+        del info["kv_event_sources"]
+    else:
+        _break_sources(info, rule)
+    return json.dumps(info)
+
+
+def _break_sources(info: dict, rule: str) -> None:
+    sources = info["kv_event_sources"]
+    if rule == "rank outside the rank space":
         sources[1]["dp_rank"] = 4
         info["kv_event_rank_space"]["local_ranks"] = [2, 4]
     elif rule == "duplicate rank":
@@ -136,11 +124,6 @@ def _mutate(info: dict, rule: str) -> str:
         sources[0]["block_size"] = 0
     elif rule == "unequal block sizes":
         sources[1]["block_size"] = 32
-    elif rule == "block size differs from kv_events":
-        info["kv_events"]["block_size"] = 64
-    elif rule == "no kv_event_sources":
-        del info["kv_event_sources"]
-    return json.dumps(info)
 
 
 BROKEN = [

@@ -1,171 +1,47 @@
 """The probe's pieces in-process: wire codecs, contract rules, real gRPC and real ZMQ.
 
-The helpers at the top (``grpc_node``, ``live_publishers``, ``good_info``) are reused by
-``test_cli.py``, which runs the same scenarios through the CLI as a subprocess.
+The probe targets (``grpc_node``, ``live_publishers``, ``good_info``) come from
+``probe_nodes``; ``tools/test_cli.py`` runs the same scenarios through the CLI as a subprocess.
 """
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import json
 import socket
 import threading
-import time
 from collections.abc import Iterator
-from concurrent import futures
 
-import grpc
 import msgspec
 import pytest
 import zmq
+from probe_nodes import (
+    closed_port,
+    errors_of,
+    feeding,
+    good_info,
+    grpc_node,
+    live_publishers,
+    publish_history,
+    warnings_of,
+)
 from sglang_sidecar_overlay.contract.endpoints import endpoint_problems
 from sglang_sidecar_overlay.contract.server_info import render_server_info
 from sglang_sidecar_overlay.tools import probe
 from sglang_sidecar_overlay.tools.probe import wire
 from sglang_sidecar_overlay.tools.probe.listen import traffic_findings
-from sglang_sidecar_overlay.tools.selftest import StandInPublisher, node_snapshot
-
-# --- helpers shared with test_cli.py ------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def grpc_node(
-    info_text: str | None = None,
-    *,
-    health: int | None = None,
-    sglang: bool = True,
-    hang: bool = False,
-    host: str = "127.0.0.1",
-) -> Iterator[str]:
-    """A small grpcio server standing in for a node; yields its HOST:PORT.
-
-    ``sglang=False`` serves an unrelated service only (GetServerInfo is UNIMPLEMENTED);
-    ``hang=True`` never answers GetServerInfo until the server is stopped.
-    """
-    release = threading.Event()
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
-
-    def get_server_info(_request: object, _context: object) -> str:
-        if hang:
-            release.wait(60)
-        return info_text or ""
-
-    def health_check(_service: str, _context: object) -> int:
-        return health or 0
-
-    def ping(request: bytes, _context: object) -> bytes:
-        return request
-
-    if sglang:
-        handler = grpc.unary_unary_rpc_method_handler(
-            get_server_info,
-            request_deserializer=wire.decode_get_server_info_request,
-            response_serializer=wire.encode_get_server_info_response,
-        )
-        server.add_generic_rpc_handlers(
-            (grpc.method_handlers_generic_handler(wire.SGLANG_SERVICE, {"GetServerInfo": handler}),)
-        )
-    else:
-        handler = grpc.unary_unary_rpc_method_handler(ping)
-        server.add_generic_rpc_handlers(
-            (grpc.method_handlers_generic_handler("example.v1.Echo", {"Ping": handler}),)
-        )
-    if health is not None:
-        handler = grpc.unary_unary_rpc_method_handler(
-            health_check,
-            request_deserializer=wire.decode_health_check_request,
-            response_serializer=wire.encode_health_check_response,
-        )
-        server.add_generic_rpc_handlers(
-            (grpc.method_handlers_generic_handler(wire.HEALTH_SERVICE, {"Check": handler}),)
-        )
-    bind = f"[{host}]:0" if ":" in host else f"{host}:0"
-    port = server.add_insecure_port(bind)
-    server.start()
-    try:
-        yield probe.grpc_target(host, port)
-    finally:
-        release.set()
-        server.stop(grace=None).wait(10)
-
-
-@contextlib.contextmanager
-def live_publishers(stamp_rank: int | None = None) -> Iterator[list[StandInPublisher]]:
-    """Two real publishers (ranks 2 and 3) bound on wildcard TCP with replay routers."""
-    context = zmq.Context()
-    publishers: list[StandInPublisher] = []
-    try:
-        publishers.append(StandInPublisher(context, 2))
-        publishers.append(StandInPublisher(context, 3, stamp_rank=stamp_rank))
-        yield publishers
-    finally:
-        for pub in publishers:
-            pub.close()
-        context.term()
-
-
-@contextlib.contextmanager
-def feeding(publishers: list[StandInPublisher], interval: float = 0.05) -> Iterator[None]:
-    """Publish one batch per rank every ``interval`` while the block runs."""
-    stop = threading.Event()
-
-    def feed() -> None:
-        block = 0
-        while not stop.wait(interval):
-            for pub in publishers:
-                pub.publish([block])
-            block += 1
-
-    thread = threading.Thread(target=feed, daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        thread.join(10)
-
-
-def publish_history(publishers: list[StandInPublisher], blocks: list[int]) -> None:
-    """Publish one batch per block on every rank and wait until each publisher has buffered them.
-
-    ``publish`` only queues; a replay request served before the queue drains would see less.
-    """
-    for pub in publishers:
-        for block in blocks:
-            pub.publish([block])
-    deadline = time.monotonic() + 10
-    while any(pub.published < len(blocks) for pub in publishers):
-        assert time.monotonic() < deadline, "publishers did not buffer their history in time"
-        time.sleep(0.01)
-
-
-def good_info(publishers: list[StandInPublisher]) -> dict:
-    """A contract-clean follower snapshot for the publishers (legacy dp_size on: no warning)."""
-    return node_snapshot(publishers, legacy_dp_size=True)
-
-
-def closed_port() -> int:
-    """A loopback port nothing listens on (bound, read, released)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def errors_of(findings: list[probe.Finding]) -> dict[str, str]:
-    return {f.field or f.check: f.message for f in findings if f.level == probe.ERROR}
-
-
-def warnings_of(findings: list[probe.Finding]) -> dict[str, str]:
-    return {f.field or f.check: f.message for f in findings if f.level == probe.WARNING}
-
+from wire_server import (
+    decode_health_check_request,
+    encode_get_server_info_response,
+    encode_health_check_response,
+)
 
 # --- wire codecs --------------------------------------------------------------------------------
 
 
 def test_wire_round_trips_and_skips_unknown_fields() -> None:
     text = json.dumps({"kv_event_sources": [], "note": "ü" * 300})
-    encoded = wire.encode_get_server_info_response(text)
+    encoded = encode_get_server_info_response(text)
     assert wire.decode_get_server_info_response(encoded) == text
     # An unknown varint field 2 and fixed32 field 3 ahead of json_info are skipped.
     extra = b"\x10\x05" + b"\x1d\x00\x00\x00\x00"
@@ -173,9 +49,9 @@ def test_wire_round_trips_and_skips_unknown_fields() -> None:
     assert wire.encode_get_server_info_request() == b""
     assert wire.decode_get_server_info_response(b"") == ""
     for status in wire.ServingStatus:
-        raw = wire.encode_health_check_response(status)
+        raw = encode_health_check_response(status)
         assert wire.decode_health_check_response(raw) == status
-    assert wire.decode_health_check_request(wire.encode_health_check_request("svc")) == "svc"
+    assert decode_health_check_request(wire.encode_health_check_request("svc")) == "svc"
     assert wire.status_name(9) == "UNRECOGNIZED(9)"
 
 

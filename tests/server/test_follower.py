@@ -16,6 +16,7 @@ from collections.abc import Iterator
 import grpc
 import pytest
 from sglang_sidecar_overlay.server.follower import start_follower_server
+from sglang_sidecar_overlay.sidecar.proctree import read_stat
 from sglang_sidecar_overlay.tools.probe import wire as _grpc_wire
 
 SERVING, NOT_SERVING = 1, 2
@@ -143,5 +144,6 @@ def test_scheduler_exited_but_not_reaped_never_serves(schedulers):
 
 
 def _proc_state(pid: int) -> str:
-    with open(f"/proc/{pid}/stat") as stat:
-        return stat.read().rsplit(")", 1)[1].split()[0]
+    stat = read_stat(pid)
+    assert stat is not None, f"process {pid} is gone"
+    return stat.state

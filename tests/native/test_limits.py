@@ -10,32 +10,41 @@ import ast
 import re
 import socket
 import time
-from pathlib import Path
 
 import pytest
+from conftest import ROOT
 from sglang_sidecar_overlay import _native
 from sglang_sidecar_overlay._native import DEFAULT_LIMITS, start_metadata_server
+from sglang_sidecar_overlay.tools.probe import wire
 
-ROOT = Path(__file__).resolve().parent.parent
 STUB = ROOT / "python" / "sglang_sidecar_overlay" / "_native.pyi"
 SECURITY_DOC = ROOT / "docs" / "security.md"
 INT_LIMITS = [k for k in DEFAULT_LIMITS if not k.endswith("_s")]
 SECONDS_LIMITS = [k for k in DEFAULT_LIMITS if k.endswith("_s")]
 
 
-def stub_defaults() -> dict[str, object]:
-    """The stub's keyword defaults for the limits (not ``implementation``, ``reflection``)."""
+def stub_function() -> ast.FunctionDef:
     tree = ast.parse(STUB.read_text())
-    func = next(
+    return next(
         node
         for node in tree.body
         if isinstance(node, ast.FunctionDef) and node.name == "start_metadata_server"
     )
+
+
+def stub_limits() -> dict[str, tuple[str, object]]:
+    """The stub's limit keywords in order (not ``implementation``, ``reflection``): their
+    annotation and default."""
+    func = stub_function()
     return {
-        arg.arg: ast.literal_eval(default)
+        arg.arg: (ast.unparse(arg.annotation) if arg.annotation else "", ast.literal_eval(default))
         for arg, default in zip(func.args.kwonlyargs, func.args.kw_defaults, strict=True)
         if default is not None and arg.arg not in ("implementation", "reflection")
     }
+
+
+def stub_defaults() -> dict[str, object]:
+    return {keyword: default for keyword, (_, default) in stub_limits().items()}
 
 
 def test_the_stub_and_the_security_doc_state_the_module_defaults() -> None:
@@ -44,6 +53,26 @@ def test_the_stub_and_the_security_doc_state_the_module_defaults() -> None:
     assert {k: float(v) for k, v in rows.items()} == {
         k: float(v) for k, v in DEFAULT_LIMITS.items()
     }
+
+
+def test_the_stub_and_the_security_doc_follow_the_module_table() -> None:
+    # The module's table (rust/native/src/limits.rs) is the order, the kinds and the keywords;
+    # the stub's signature, its docstring and the doc's table must say the same.
+    table = list(DEFAULT_LIMITS)
+    limits = stub_limits()
+    assert list(limits) == table
+    for keyword, (annotation, _) in limits.items():
+        assert annotation == type(DEFAULT_LIMITS[keyword]).__name__, keyword
+    docstring = ast.get_docstring(stub_function()) or ""
+    for keyword in table:
+        assert f"``{keyword}``" in docstring, f"the stub's docstring does not describe {keyword}"
+    doc_rows = re.findall(r"^\| `(\w+)` \| [\d.]+ \|", SECURITY_DOC.read_text(), re.M)
+    assert doc_rows == table
+
+
+def test_an_unknown_keyword_is_a_type_error_naming_it() -> None:
+    with pytest.raises(TypeError, match="unexpected keyword argument 'max_bogus'"):
+        start_metadata_server("127.0.0.1", 0, "{}", max_bogus=1)  # type: ignore[call-arg]
 
 
 def test_every_limit_is_bounded_by_default() -> None:
@@ -138,7 +167,7 @@ def test_both_implementations_answer_with_the_snapshot(implementation: str) -> N
         start_metadata_server("127.0.0.1", 0, snapshot, implementation=implementation) as server,
         grpc.insecure_channel(f"127.0.0.1:{server.port}") as channel,
     ):
-        raw = channel.unary_unary("/sglang.runtime.v1.SglangService/GetServerInfo")(b"", timeout=10)
+        raw = channel.unary_unary(wire.GET_SERVER_INFO_PATH)(b"", timeout=10)
     # GetServerInfoResponse: field 1, length-delimited, then the JSON text.
     assert raw.endswith(snapshot.encode())
     assert raw[0] == 0x0A

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 import zmq
+from probe_nodes import closed_port, run_cli
 from sglang_sidecar_overlay._native import start_metadata_server
 from sglang_sidecar_overlay.contract.server_info import render_server_info
 from sglang_sidecar_overlay.tools import probe
@@ -23,8 +24,6 @@ from sglang_sidecar_overlay.tools.probe.group import (
     run_group_probe,
 )
 from sglang_sidecar_overlay.tools.selftest import StandInPublisher, node_snapshot
-from test_cli import run_cli
-from test_probe import closed_port
 
 Edit = Callable[[dict], None]
 

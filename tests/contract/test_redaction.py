@@ -1,4 +1,5 @@
-"""redaction: every path a secret can take into server info is closed, and nothing else changes.
+"""contract.redaction: every path a secret can take into server info is closed, nothing else
+changes.
 
 Unit cases for each form (names, JSON and Python-literal objects in strings, URL credentials,
 secret query parameters, flags, ``NAME=value`` prefixes) and hypothesis properties: canaries

@@ -1,0 +1,136 @@
+"""A follower node's own metadata server, in its engine process, and the crash watch on its
+schedulers.
+
+:func:`start_node_follower` runs once the node's schedulers are ready: the node's server info
+from the builder, served by ``server.follower`` on ``--host``/``--grpc-port`` (with the opt-in
+follower sidecar when one is configured). :func:`failing_on_scheduler_crash` replaces the
+follower branch's wait on its schedulers, so a crashed scheduler fails the node instead of
+letting it exit 0; :func:`stop_server_before_sigquit` puts the server's stop ahead of SGLang's
+SIGQUIT crash path.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from sglang_sidecar_overlay.adapters import _sglang
+from sglang_sidecar_overlay.adapters._server_info import node_server_info
+from sglang_sidecar_overlay.contract.server_info import render_server_info
+from sglang_sidecar_overlay.sidecar import proctree
+
+if TYPE_CHECKING:
+    from sglang_sidecar_overlay.server.follower import FollowerMetadataServer
+
+logger = logging.getLogger(__name__)
+
+
+def start_node_follower(
+    server_args: Any, scheduler_info: Mapping[str, Any], scheduler_pids: Iterable[int]
+) -> FollowerMetadataServer:
+    """Start this follower node's metadata server on ``--host``/``--grpc-port``."""
+    # Imported here: only a follower's engine process serves its own metadata.
+    from sglang_sidecar_overlay.server.follower import start_follower_server
+
+    cfg = _sglang.serving()
+    info = node_server_info(server_args, scheduler_info)
+    server = start_follower_server(
+        str(cfg.host), int(cfg.grpc_port), render_server_info(info), scheduler_pids
+    )
+    module, _ = _sglang.sidecar_config()
+    if module is not None:
+        # Imported only where a sidecar is configured: the supervisor is most of the code.
+        from sglang_sidecar_overlay.adapters import _sidecar
+
+        _sidecar.attach_follower_sidecar(server, info.get("kv_event_sources") or [])
+    stop_server_before_sigquit(server)
+    return server
+
+
+def stop_server_before_sigquit(server: FollowerMetadataServer) -> None:
+    """Chain the follower's SIGQUIT handler so SGLang's crash path stops ``server`` first.
+
+    A failing scheduler (or sidecar) sends the engine process SIGQUIT, and SGLang's handler
+    SIGKILLs the node's whole process tree at once: health would never turn NOT_SERVING and the
+    sidecar would never get its SIGTERM, so a consumer such as Dynamo's stays registered for
+    ranks that are gone. Chained once the server is SERVING: NOT_SERVING and the sidecar's
+    bounded stop (``server.stop()``), then the handler it replaced. Signal handlers can only be
+    set from the main thread; elsewhere SGLang's handler is left as it is.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return
+    previous = signal.getsignal(signal.SIGQUIT)
+
+    def stop_then_quit(signum: int, frame: Any) -> None:
+        logger.error(
+            "SIGQUIT on follower node %s: stopping the follower metadata server at %s (its "
+            "sidecar first) before SGLang takes the node down",
+            _sglang.node_rank(),
+            server.address,
+        )
+        server.stop()
+        signal.signal(signal.SIGQUIT, previous)
+        if callable(previous):
+            previous(signum, frame)
+        else:  # the default action (or ignore), as if this handler had never been there
+            os.kill(os.getpid(), signal.SIGQUIT)
+
+    signal.signal(signal.SIGQUIT, stop_then_quit)
+
+
+def exit_description(exitcode: int) -> str:
+    """``exit code 3`` or ``signal SIGKILL``, from a ``multiprocessing`` exit code."""
+    if exitcode >= 0:
+        return f"exit code {exitcode}"
+    return f"signal {proctree.signal_name(-exitcode) or -exitcode}"
+
+
+def failing_on_scheduler_crash(block: Callable[[], None], procs: Any) -> Callable[[], None]:
+    """``block_until_scheduler_exits`` of a follower node that fails when a scheduler crashed.
+
+    SGLang's follower branch joins its scheduler processes in order, logs each exit and
+    returns, so ``launch_server`` returns and the node exits 0 even when a scheduler was
+    killed, and it keeps waiting on the first one while a later one is already dead. This
+    waits on all of them at once instead: the first non-zero exit (or signal) reaps the
+    node's other schedulers and raises, naming the process and how it ended, so the node
+    exits non-zero with the cause. When every one ends with exit code 0, upstream's join
+    runs as before.
+    """
+
+    def block_then_check() -> None:
+        crashed = _first_crash(list(procs or []))
+        if crashed is None:
+            block()
+            crashed = next((p for p in procs or [] if p.exitcode not in (None, 0)), None)
+        if crashed is None:
+            return
+        _sglang.reap(p for p in procs or [] if p.exitcode is None)
+        message = (
+            f"follower node {_sglang.node_rank()}: scheduler process {crashed.pid} "
+            f"({exit_description(crashed.exitcode)}) ended while the node served; the node stops"
+        )
+        logger.error("%s", message)
+        raise RuntimeError(message)
+
+    return block_then_check
+
+
+def _first_crash(procs: list[Any]) -> Any | None:
+    """Wait until every process has ended or one has ended badly; that one, or None.
+
+    Processes without a ``sentinel`` (not ``multiprocessing`` ones) are left to upstream.
+    """
+    from multiprocessing.connection import wait
+
+    pending = [p for p in procs if getattr(p, "sentinel", None) is not None]
+    while pending:
+        wait([p.sentinel for p in pending])
+        for proc in [p for p in pending if p.exitcode is not None]:
+            pending.remove(proc)
+            if proc.exitcode != 0:
+                return proc
+    return None

@@ -1,0 +1,97 @@
+"""The node's server info from SGLang's objects, in the engine process: the builder's inputs.
+
+SGLang's resolved server args, ready info and KV-events descriptor become plain data here and
+go to the one builder (``contract.server_info.build_server_info``) with the launch's
+incarnation, the node's publisher bounds and the legacy ``dp_size`` switch (on by default for
+a ``--sidecar`` that checks ranks against ``dp_size``). Upstream bodies (0.5.22+ HTTP
+``/server_info``) are passed through the builder, or only redacted, by the functions below.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from sglang_sidecar_overlay.adapters import _sglang
+from sglang_sidecar_overlay.adapters._publisher import with_publisher_bounds
+from sglang_sidecar_overlay.contract.incarnation import begin_launch, launch_incarnation
+from sglang_sidecar_overlay.contract.redaction import redact
+from sglang_sidecar_overlay.contract.server_info import (
+    LEGACY_DP_SIZE_ENV,
+    build_server_info,
+    legacy_dp_size_enabled,
+    to_jsonable,
+)
+
+logger = logging.getLogger(__name__)
+
+
+def begin_node_launch() -> None:
+    """A new incarnation for this launch of the node; called before its schedulers start."""
+    incarnation = begin_launch()
+    logger.info("node launch incarnation %s", incarnation.id)
+
+
+def collected_sources(infos: Iterable[Mapping], extra: Iterable[Mapping] = ()) -> list[dict]:
+    """Every local scheduler's sources as reported; the builder aggregates and checks them."""
+    collected: list[dict] = []
+    for info in infos:
+        collected.extend(info.get("kv_event_sources") or [])
+    collected.extend(extra)
+    return collected
+
+
+_legacy_default_logged = False
+
+
+def legacy_dp_size(server_args: Mapping[str, Any]) -> bool:
+    """The ``dp_size`` switch for this node: as set, or on by default for a ``--sidecar``
+    that checks ranks against ``dp_size`` (logged once per process)."""
+    global _legacy_default_logged
+    sidecar = server_args.get("sidecar")
+    enabled = legacy_dp_size_enabled(sidecar=sidecar)
+    if enabled and LEGACY_DP_SIZE_ENV not in os.environ and not _legacy_default_logged:
+        _legacy_default_logged = True
+        logger.info(
+            "%s not set: on for --sidecar %s, which checks every source's dp_rank against "
+            "dp_size (set it to 0 to report dp_size unchanged)",
+            LEGACY_DP_SIZE_ENV,
+            sidecar,
+        )
+    return enabled
+
+
+def node_server_info(server_args: Any, scheduler_info: Mapping[str, Any]) -> dict:
+    """The core's server-info object for this node, from SGLang's live objects."""
+    args = _sglang.server_args_dict(server_args)
+    return build_server_info(
+        args,
+        scheduler_info,
+        incarnation=launch_incarnation(),
+        launch_command=getattr(server_args, "launch_command", None),
+        kv_events=_sglang.kv_events_descriptor(server_args),
+        kv_event_sources=with_publisher_bounds(
+            scheduler_info.get("kv_event_sources") or [], _sglang.kv_publisher_bounds(server_args)
+        ),
+        legacy_dp_size=legacy_dp_size(args),
+    )
+
+
+def rebuild_server_info(upstream: Mapping[str, Any]) -> dict:
+    """Run an upstream server-info body through the core builder, keeping its extras."""
+    return build_server_info(
+        upstream,
+        {},
+        incarnation=launch_incarnation(),
+        launch_command=upstream.get("launch_command"),
+        kv_events=upstream.get("kv_events"),
+        kv_event_sources=upstream.get("kv_event_sources") or [],
+        legacy_dp_size=legacy_dp_size(upstream),
+    )
+
+
+def redacted_body(upstream: Mapping[str, Any]) -> dict:
+    """An upstream body already built by the core, its extras (``internal_states``) redacted."""
+    return redact(to_jsonable(upstream))

@@ -1,0 +1,89 @@
+"""Program run in an SGLang 0.5.22+ environment: the leader's GetServerInfo reply per call,
+rebuilt through the overlay's builder hook vs the overlay's cached text.
+
+    python -m bench.leader_reply --harness TEST_REGISTERED_DIR [--calls 200]
+
+Prints one JSON line: ``rebuilt`` and ``cached`` (s per call, five alternating rounds) and
+``bytes``, or ``error``. SGLang's real ``RuntimeHandle.get_server_info`` runs on a leader's
+launch-time state (server args of the config-only tiny model of ``test-registered``'s
+harness, two KV sources); the handle is made without its ``__init__``, which starts the tokenizer's
+event loop.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+import time
+import types
+from pathlib import Path
+from typing import Any
+
+ROUNDS = 5
+
+
+def leader_handle(harness: Path) -> tuple[Any, Any]:
+    """(the adapter module, a ``RuntimeHandle`` on a leader's launch-time state)."""
+    sys.path.insert(0, str(harness))
+    from overlay_harness.group import TINY_MODEL
+    from sglang.srt.entrypoints.grpc_bridge import RuntimeHandle
+    from sglang.srt.plugins import load_plugins
+    from sglang.srt.server_args import prepare_server_args
+    from sglang_sidecar_overlay import plugin
+    from sglang_sidecar_overlay.adapters import _server_info
+
+    kv = json.dumps({"publisher": "zmq", "endpoint": "tcp://*:45557", "topic": ""})
+    server_args = prepare_server_args(
+        ["--model-path", str(TINY_MODEL), "--skip-tokenizer-init", "--device", "cpu", "--tp", "2",
+         "--dp", "2", "--enable-dp-attention", "--grpc-port", "45999", "--kv-events-config", kv]
+    )  # fmt: skip
+    server_args.resolve_once()
+    load_plugins()
+    adapter = importlib.import_module(plugin.installed_adapter() or "")
+    _server_info.begin_node_launch()
+    sources = [
+        {"dp_rank": r, "endpoint": f"tcp://127.0.0.1:{45557 + r}", "topic": "", "block_size": 1}
+        for r in range(2)
+    ]
+    handle = RuntimeHandle.__new__(RuntimeHandle)
+    handle.tokenizer_manager = types.SimpleNamespace(server_args=server_args, mm_processor=None)
+    handle.server_args = server_args
+    handle.scheduler_info = {"status": "ready", "kv_event_sources": sources}
+    return adapter, handle
+
+
+def measure(harness: Path, calls: int) -> dict[str, Any]:
+    adapter, handle = leader_handle(harness)
+    if not hasattr(adapter, "LEADER_JSON_ATTR") or not hasattr(adapter, "BUILD_SERVER_INFO"):
+        return {"error": f"{adapter.__name__} cached the reply before this row existed"}
+    from sglang.srt.entrypoints.grpc_bridge import RuntimeHandle
+
+    adapter.install_launch_hooks(["leader"])
+    # Kept in a dict: the registry rebinds module globals that hold a patched function.
+    paths = {"rebuilt": RuntimeHandle.get_server_info}  # upstream's method over the builder hook
+    adapter.install_launch_hooks(["leader_grpc"])
+    paths["cached"] = RuntimeHandle.get_server_info
+    if paths["cached"] is paths["rebuilt"] or paths["cached"](handle) != paths["rebuilt"](handle):
+        return {"error": "the cached reply differs from a rebuilt one"}
+    out: dict[str, Any] = {"rebuilt": [], "cached": [], "bytes": len(paths["cached"](handle))}
+    for _ in range(ROUNDS):
+        for name, method in paths.items():
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                method(handle)
+            out[name].append((time.perf_counter() - t0) / calls)
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--harness", type=Path, required=True, help="test-registered/")
+    parser.add_argument("--calls", type=int, default=200, help="calls per round and path")
+    args = parser.parse_args(argv)
+    print(json.dumps(measure(args.harness, args.calls)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,143 @@
+"""pytest sessions of ``test-registered/`` in cached SGLang environments, side by side.
+
+Standard library only. A :class:`Session` is one pytest run in one env (``envs.py``);
+:func:`run_sessions` runs a list of them, up to ``jobs`` at once: a session spends most of its
+time in one process importing SGLang, so on two cores two sessions take little longer than
+one. Side by side, each session's output goes to a file, printed whole when it ends, and the
+sessions pick test ports from disjoint shares of the port range.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from envs import ROOT, log
+
+# Sessions run side by side pick test ports from disjoint shares of the port range
+# (test-registered/overlay_harness/cluster.py reads it): "<index>/<count>".
+PORT_SHARE_ENV = "SGLANG_OVERLAY_TEST_PORT_SHARE"
+HEARTBEAT_SECONDS = 120.0
+
+
+def names_paths(pytest_args: Sequence[str]) -> bool:
+    """Whether the pytest arguments name test paths (which replace the default ones)."""
+    return any(not arg.startswith("-") for arg in pytest_args)
+
+
+@dataclasses.dataclass
+class Session:
+    """One pytest run of ``test-registered/`` in one env."""
+
+    label: str
+    env: Path
+    pytest_args: Sequence[str]
+    extra_env: dict[str, str] = dataclasses.field(default_factory=dict)
+
+    def command(self) -> list[str]:
+        # Paths given after "--" replace the default of the whole tree.
+        targets = [] if names_paths(self.pytest_args) else [ROOT / "test-registered"]
+        cmd = [
+            self.env / "bin" / "python",
+            "-m",
+            "pytest",
+            "-c",
+            ROOT / "test-registered" / "pytest.ini",
+            "--rootdir",
+            ROOT / "test-registered",
+            *targets,
+            *self.pytest_args,
+        ]
+        return [str(part) for part in cmd]
+
+    def environ(self, port_share: str | None) -> dict[str, str]:
+        environ = dict(os.environ)
+        environ.pop("VIRTUAL_ENV", None)
+        # The project is tested as installed: the source tree must not shadow the wheel.
+        environ.pop("PYTHONPATH", None)
+        environ.update(self.extra_env)
+        # As an activated env: its tools (ninja) on PATH; JIT-built extensions kept per env,
+        # since every release's torch would otherwise share one build directory.
+        environ["PATH"] = f"{self.env / 'bin'}{os.pathsep}{environ.get('PATH', '')}"
+        environ["TORCH_EXTENSIONS_DIR"] = str(self.env / "torch-extensions")
+        if port_share is not None:
+            environ[PORT_SHARE_ENV] = port_share
+        return environ
+
+
+def run_sessions(sessions: list[Session], jobs: int) -> list[str]:
+    """Run every session, up to ``jobs`` at once; returns the labels of those that failed.
+
+    One at a time, pytest writes straight to this terminal. Side by side, each session writes
+    to its own file, printed whole when it ends, so every session's output stays in one piece
+    and ends with its pytest summary line.
+    """
+    if jobs <= 1 or len(sessions) == 1:
+        failed = []
+        for session in sessions:
+            log(f"{session.label}: running test-registered")
+            code = subprocess.run(
+                session.command(), env=session.environ(None), cwd=ROOT, check=False
+            ).returncode
+            if code != 0:
+                failed.append(session.label)
+        return failed
+    with tempfile.TemporaryDirectory(prefix="sglang-envs-") as logs:
+        return _run_side_by_side(sessions, jobs, Path(logs))
+
+
+def _run_side_by_side(sessions: list[Session], jobs: int, logs: Path) -> list[str]:
+    waiting = list(enumerate(sessions))
+    running: dict[int, tuple[subprocess.Popen, Path, float]] = {}
+    failed: list[str] = []
+    heartbeat = time.monotonic() + HEARTBEAT_SECONDS
+    try:
+        while waiting or running:
+            while waiting and len(running) < jobs:
+                index, session = waiting.pop(0)
+                out = logs / f"{index}.log"
+                with open(out, "wb") as sink:
+                    proc = subprocess.Popen(
+                        session.command(),
+                        env=session.environ(f"{index}/{len(sessions)}"),
+                        cwd=ROOT,
+                        stdout=sink,
+                        stderr=subprocess.STDOUT,
+                    )
+                running[index] = (proc, out, time.monotonic())
+                log(f"{session.label}: running test-registered (output when it ends)")
+            for index, (proc, out, started) in list(running.items()):
+                if proc.poll() is None:
+                    continue
+                del running[index]
+                label, seconds = sessions[index].label, time.monotonic() - started
+                log(f"---- {label}: exit {proc.returncode} after {seconds:.0f} s")
+                sys.stdout.flush()
+                sys.stdout.buffer.write(out.read_bytes())
+                sys.stdout.flush()
+                if proc.returncode != 0:
+                    failed.append(label)
+            if running and time.monotonic() > heartbeat:
+                names = ", ".join(sessions[index].label for index in running)
+                log(f"still running: {names}")
+                heartbeat = time.monotonic() + HEARTBEAT_SECONDS
+            time.sleep(1.0)
+    finally:
+        for proc, _, _ in running.values():
+            proc.kill()
+            proc.wait()
+    return failed
+
+
+def report(failed: list[str], sessions: list[Session]) -> int:
+    if failed:
+        log(f"test-registered failed on {', '.join(failed)}")
+        return 1
+    log(f"test-registered passed on {', '.join(session.label for session in sessions)}")
+    return 0
