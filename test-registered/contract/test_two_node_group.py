@@ -112,12 +112,18 @@ class TestTwoNodeGroup(NodesTestCase, NodeInfoChecks):
                 )
             )
             follower = cls.group.launch(
-                1, sidecar=dynamo.DYNAMO, sidecar_args=dynamo.sidecar_args(follower=True)
+                1,
+                sidecar=dynamo.DYNAMO,
+                sidecar_args=dynamo.sidecar_args(
+                    follower=True, endpoint=cls.group.grpc_endpoint(1)
+                ),
             )
             leader = cls.group.launch(
                 0,
                 sidecar=dynamo.DYNAMO,
-                sidecar_args=dynamo.sidecar_args(follower=False),
+                sidecar_args=dynamo.sidecar_args(
+                    follower=False, endpoint=cls.group.grpc_endpoint(0)
+                ),
                 extra=dynamo.LEADER_ARGS,
             )
             # Follower first: it waits for its leader in the rendezvous, as in production.

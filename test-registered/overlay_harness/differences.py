@@ -32,6 +32,11 @@ DYNAMO_SWITCH_DEFAULT = 6
 # stop its metadata server and sidecar first; SGLang's handler SIGKILLs the node's tree.
 FOLLOWER_SIGQUIT_STOP = 7
 
+# patches/DIFFERENCES.md #8: the series hands a sidecar its endpoint in SGLANG_GRPC_ENDPOINT
+# only, not also in Dynamo's DYN_SIDECAR_GRPC_ENDPOINT; a group running Dynamo's released
+# sidecar passes --grpc-endpoint there.
+DYNAMO_ENDPOINT_ENV = 8
+
 ALLOWED = frozenset(
     {
         FOLLOWER_HEALTH,
@@ -39,6 +44,7 @@ ALLOWED = frozenset(
         ENGINE_BOOTSTRAP_RANK,
         DYNAMO_SWITCH_DEFAULT,
         FOLLOWER_SIGQUIT_STOP,
+        DYNAMO_ENDPOINT_ENV,
     }
 )
 

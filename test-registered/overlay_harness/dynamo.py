@@ -66,9 +66,17 @@ def consumer_environ(workdir: Path, *, legacy: bool | None) -> dict[str, str]:
     return environ
 
 
-def sidecar_args(*, follower: bool) -> list[str]:
-    return [*(["--sidecar-on-followers"] if follower else []), "--sidecar-shutdown-timeout",
+def sidecar_args(*, follower: bool, endpoint: str) -> list[str]:
+    """``--sidecar-args`` for Dynamo's sidecar on a node whose gRPC server is at ``endpoint``.
+
+    The plugin hands the endpoint to this consumer in ``DYN_SIDECAR_GRPC_ENDPOINT``; the
+    upstream series sets only ``SGLANG_GRPC_ENDPOINT`` (patches/DIFFERENCES.md), so there the
+    operator passes ``--grpc-endpoint``, as with stock SGLang."""
+    args = [*(["--sidecar-on-followers"] if follower else []), "--sidecar-shutdown-timeout",
             "10", *TRANSPORT_ARGS]  # fmt: skip
+    if differences.differs(differences.DYNAMO_ENDPOINT_ENV):
+        args += ["--grpc-endpoint", endpoint]
+    return args
 
 
 class Router:

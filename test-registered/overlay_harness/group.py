@@ -91,6 +91,10 @@ class EngineGroup:
         host = self.host(node_rank)
         return host.address if host is not None else LOOPBACK
 
+    def grpc_endpoint(self, node_rank: int) -> str:
+        """The URL of node ``node_rank``'s gRPC server, as its sidecar is told it."""
+        return f"http://{self.address(node_rank)}:{self.grpc_ports[node_rank]}"
+
     @property
     def dist_init_addr(self) -> str:
         return f"{self.address(0)}:{self.dist_port}"

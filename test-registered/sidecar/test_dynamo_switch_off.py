@@ -70,16 +70,19 @@ class TestDynamoSwitchOff(NodesTestCase):
             return
         group = EngineGroup(2, ATTENTION_DP)
         env = dynamo.consumer_environ(self.workdir, legacy=False)
+        leader_args = dynamo.sidecar_args(follower=False, endpoint=group.grpc_endpoint(0))
         leader_launch = group.launch(
-            0, sidecar=dynamo.DYNAMO, sidecar_args=dynamo.sidecar_args(follower=False),
-            extra=dynamo.LEADER_ARGS,
-        )  # fmt: skip
+            0, sidecar=dynamo.DYNAMO, sidecar_args=leader_args, extra=dynamo.LEADER_ARGS
+        )
         # Restarted on failure, so the refusal does not take the follower (and with it the
         # group's rendezvous partner, the leader) down while the router is asked.
         follower_launch = group.launch(
             1,
             sidecar=dynamo.DYNAMO,
-            sidecar_args=[*dynamo.sidecar_args(follower=True), *KEEP_RESTARTING],
+            sidecar_args=[
+                *dynamo.sidecar_args(follower=True, endpoint=group.grpc_endpoint(1)),
+                *KEEP_RESTARTING,
+            ],
         )
         with (
             mock.patch.dict(os.environ, env, clear=True),

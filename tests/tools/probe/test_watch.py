@@ -68,45 +68,74 @@ def read_until(fd: int, pattern: re.Pattern, deadline: float, seen: bytearray) -
     return pattern.search(seen.decode("utf-8", errors="replace"))
 
 
+REDRAW = "\x1b[H\x1b[J"
+SHOW_CURSOR = re.compile(r"\x1b\[\?25h")
+# Two ranks with a live rate, as the table draws them.
+LIVE_ROW = re.compile(r"^1\s+3\s+\d+\.\d\s+\d+\s+0\s+0\s+\d+\s+SERVING", re.M)
+
+
+def spawn_watch_on_a_terminal(target: str, sigint: signal.Handlers) -> tuple[int, int]:
+    """``probe TARGET --watch`` with a new pty as its controlling terminal and SIGINT set to
+    ``sigint`` (a login shell gives its jobs SIG_DFL, whatever this test inherited);
+    (pid, the pty's master fd)."""
+    pid, fd = pty.fork()
+    if pid == 0:  # the child
+        signal.signal(signal.SIGINT, sigint)
+        os.environ["PYTHONPATH"] = str(PACKAGE_PARENT)
+        os.environ["COLUMNS"] = "100"
+        os.execv(
+            sys.executable,
+            [sys.executable, "-m", "sglang_sidecar_overlay", "probe", target, "--watch"],
+        )
+    return pid, fd
+
+
+def wait_for_redraws(fd: int, seen: bytearray, count: int, deadline: float) -> str:
+    """Read until ``count`` redraws past what ``seen`` holds, the last showing a live row."""
+    wanted = seen.decode("utf-8", errors="replace").count(REDRAW) + count
+    while time.monotonic() < deadline:
+        screen = seen.decode("utf-8", errors="replace")
+        if screen.count(REDRAW) >= wanted and LIVE_ROW.search(screen.split(REDRAW)[-1]):
+            break
+        read_until(fd, NEVER, time.monotonic() + 0.5, seen)
+    screen = seen.decode("utf-8", errors="replace")
+    assert screen.count(REDRAW) >= wanted, screen
+    return screen
+
+
+def wait_for_exit(pid: int, fd: int, seen: bytearray, deadline: float) -> int | None:
+    """The child's wait status once it exits (reading its terminal meanwhile), or None."""
+    read_until(fd, SHOW_CURSOR, deadline, seen)
+    while time.monotonic() < deadline:
+        done, status_word = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return status_word
+        read_until(fd, NEVER, time.monotonic() + 0.2, seen)
+    return None
+
+
+@contextlib.contextmanager
+def reaped(pid: int, fd: int) -> Iterator[list[int | None]]:
+    """Yields a one-item list for the child's wait status; kills and reaps it if unset."""
+    status: list[int | None] = [None]
+    try:
+        yield status
+    finally:
+        if status[0] is None:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        os.close(fd)
+
+
 def test_watch_redraws_in_place_on_a_terminal_and_stops_on_ctrl_c() -> None:
     with watched_node() as (target, publishers), feeding(publishers, interval=0.02):
-        pid, fd = pty.fork()
-        if pid == 0:  # the child: the CLI with the pty as its controlling terminal
-            os.environ["PYTHONPATH"] = str(PACKAGE_PARENT)
-            os.environ["COLUMNS"] = "100"
-            os.execv(
-                sys.executable,
-                [sys.executable, "-m", "sglang_sidecar_overlay", "probe", target, "--watch"],
-            )
+        pid, fd = spawn_watch_on_a_terminal(target, signal.SIG_DFL)
         seen = bytearray()
-        status = None
-        try:
-            # Two ranks with a live rate, redrawn at least three times.
-            row = re.compile(r"^1\s+3\s+\d+\.\d\s+\d+\s+0\s+0\s+\d+\s+SERVING", re.M)
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline:
-                screen = seen.decode("utf-8", errors="replace")
-                if screen.count("\x1b[H\x1b[J") >= 3 and row.search(
-                    screen.split("\x1b[H\x1b[J")[-1]
-                ):
-                    break
-                read_until(fd, NEVER, time.monotonic() + 0.5, seen)
-            screen = seen.decode("utf-8", errors="replace")
-            assert screen.count("\x1b[H\x1b[J") >= 3, screen
+        with reaped(pid, fd) as status:
+            wait_for_redraws(fd, seen, 3, time.monotonic() + 60)
             os.write(fd, b"\x03")  # Ctrl-C, delivered by the terminal as SIGINT
-            read_until(fd, re.compile(r"\x1b\[\?25h"), time.monotonic() + 30, seen)
-            deadline = time.monotonic() + 30
-            while status is None and time.monotonic() < deadline:
-                done, status_word = os.waitpid(pid, os.WNOHANG)
-                if done:
-                    status = status_word
-                else:
-                    read_until(fd, NEVER, time.monotonic() + 0.2, seen)
-        finally:
-            if status is None:
-                os.kill(pid, signal.SIGKILL)
-                os.waitpid(pid, 0)
-            os.close(fd)
+            status[0] = wait_for_exit(pid, fd, seen, time.monotonic() + 30)
+        status = status[0]
     assert status is not None and os.waitstatus_to_exitcode(status) == 0
     text = seen.decode("utf-8", errors="replace")
     assert "Traceback" not in text and "KeyboardInterrupt" not in text
@@ -131,6 +160,25 @@ def test_watch_redraws_in_place_on_a_terminal_and_stops_on_ctrl_c() -> None:
     assert [row[:2] for row in rows] == [["1", "2"], ["1", "3"]]
     for row in rows:
         assert float(row[2]) > 0 and row[4:6] == ["0", "0"] and row[7] == "SERVING"
+
+
+def test_watch_started_with_sigint_ignored_keeps_it_and_stops_on_sigterm() -> None:
+    # As from a background job of a script: the terminal's Ctrl-C is not for this process.
+    with watched_node() as (target, publishers), feeding(publishers, interval=0.02):
+        pid, fd = spawn_watch_on_a_terminal(target, signal.SIG_IGN)
+        seen = bytearray()
+        with reaped(pid, fd) as status:
+            wait_for_redraws(fd, seen, 2, time.monotonic() + 60)
+            os.write(fd, b"\x03")
+            # Still watching: two more redraws after the Ctrl-C, the process not ended.
+            wait_for_redraws(fd, seen, 2, time.monotonic() + 60)
+            assert os.waitpid(pid, os.WNOHANG) == (0, 0)
+            os.kill(pid, signal.SIGTERM)
+            status[0] = wait_for_exit(pid, fd, seen, time.monotonic() + 30)
+        assert status[0] is not None and os.waitstatus_to_exitcode(status[0]) == 0
+    text = seen.decode("utf-8", errors="replace")
+    assert "Traceback" not in text
+    assert text.rstrip().endswith("\x1b[?25h")
 
 
 def test_watch_prints_lines_when_not_a_terminal() -> None:

@@ -5,15 +5,23 @@ Every node's server info and health are re-read every ``refresh`` seconds (a new
 is counted); every advertised publisher stays subscribed, with a replay request from seq 0
 when it has a replay endpoint, exactly as a router would. Every ``interval`` seconds the view
 is drawn: on a terminal a compact table redrawn in place, otherwise one line per rank (for
-logs and pipes). Ctrl-C stops cleanly; ``duration`` bounds the run.
+logs and pipes). Ctrl-C or SIGTERM stops cleanly; ``duration`` bounds the run.
+
+SIGINT keeps the disposition the watch inherited: whoever started it with SIGINT ignored (a
+shell's background job, a CI wrapper) did so that a terminal's Ctrl-C reaches the foreground
+job only, and overriding that would let a Ctrl-C meant for another job stop this one. Such a
+watch is stopped with SIGTERM, which ends it as cleanly as Ctrl-C (cursor shown again, exit 0).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
+import signal
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, TextIO
 
 from sglang_sidecar_overlay.tools.probe.listen import Subscriptions
@@ -212,6 +220,57 @@ def _poll_until(nodes: Sequence[NodeView], wake: float) -> None:
         node.poll(wait / len(polled))
 
 
+class _Stopped(Exception):
+    """SIGTERM arrived: stop the watch as Ctrl-C does."""
+
+
+def _raise_stopped(_signum: int, _frame: Any) -> None:
+    raise _Stopped
+
+
+@contextlib.contextmanager
+def _sigterm_stops() -> Iterator[None]:
+    """SIGTERM raises ``_Stopped`` while the watch runs (main thread only: Python handles
+    signals there), the previous handler restored after."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _raise_stopped)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _watch_loop(
+    nodes: Sequence[NodeView],
+    out: TextIO,
+    in_place: bool,
+    duration: float | None,
+    interval: float,
+    refresh: float,
+    timeout: float,
+) -> None:
+    """Refresh, draw and poll on their schedules until ``duration`` passes (None: forever)."""
+    start = time.monotonic()
+    next_refresh = next_render = start
+    while True:
+        now = time.monotonic()
+        if duration is not None and now - start >= duration:
+            return
+        if now >= next_refresh:
+            for node in nodes:
+                node.refresh(timeout)
+            next_refresh = time.monotonic() + refresh
+        if now >= next_render:
+            _draw(nodes, out, in_place, now)
+            next_render += interval
+        wake = min(next_render, next_refresh)
+        if duration is not None:
+            wake = min(wake, start + duration)
+        _poll_until(nodes, wake)
+
+
 def run_watch(
     targets: Sequence[str],
     out: TextIO,
@@ -222,32 +281,17 @@ def run_watch(
     timeout: float = 2.0,
     tty: bool | None = None,
 ) -> int:
-    """Watch until ``duration`` passes or Ctrl-C (a clean stop too); returns 0."""
+    """Watch until ``duration`` passes, Ctrl-C or SIGTERM (clean stops too); returns 0."""
     from sglang_sidecar_overlay.tools.probe.group import target_is_local
 
     in_place = out.isatty() if tty is None else tty
     nodes = [NodeView(target, dial_endpoints=target_is_local(target)) for target in targets]
-    start = time.monotonic()
-    next_refresh = next_render = start
     if in_place:
         out.write(_HIDE_CURSOR)
     try:
-        while True:
-            now = time.monotonic()
-            if duration is not None and now - start >= duration:
-                break
-            if now >= next_refresh:
-                for node in nodes:
-                    node.refresh(timeout)
-                next_refresh = time.monotonic() + refresh
-            if now >= next_render:
-                _draw(nodes, out, in_place, now)
-                next_render += interval
-            wake = min(next_render, next_refresh)
-            if duration is not None:
-                wake = min(wake, start + duration)
-            _poll_until(nodes, wake)
-    except KeyboardInterrupt:
+        with _sigterm_stops():
+            _watch_loop(nodes, out, in_place, duration, interval, refresh, timeout)
+    except (KeyboardInterrupt, _Stopped):
         pass
     finally:
         for node in nodes:
