@@ -122,16 +122,18 @@ def main() -> int:
         say(f"== two hosts: {leader_host.netns} ({leader_host.address}), "
             f"{follower_host.netns} ({follower_host.address}), on a private bridge")  # fmt: skip
         say("== the two nodes (follower first: it waits for its leader in the rendezvous)")
+        follower_args = dynamo.sidecar_args(follower=True, endpoint=group.grpc_endpoint(1))
         follower = ServerProcess(
-            group.launch(1, sidecar=dynamo.DYNAMO, sidecar_args=dynamo.sidecar_args(follower=True)),
-            workdir,
+            group.launch(1, sidecar=dynamo.DYNAMO, sidecar_args=follower_args), workdir
         )
         stack.callback(follower.stop)
+        leader_args = dynamo.sidecar_args(follower=False, endpoint=group.grpc_endpoint(0))
         leader = ServerProcess(
-            group.launch(0, sidecar=dynamo.DYNAMO, sidecar_args=dynamo.sidecar_args(follower=False),
-                         extra=dynamo.LEADER_ARGS),
+            group.launch(
+                0, sidecar=dynamo.DYNAMO, sidecar_args=leader_args, extra=dynamo.LEADER_ARGS
+            ),
             workdir,
-        )  # fmt: skip
+        )
         stack.callback(leader.stop)
         began = time.monotonic()
         wait_for(lambda: leader_ready(leader) and follower_ready(follower), READY_DEADLINE,

@@ -17,7 +17,8 @@ generated from the figures of the run.
 4. The sidecar supervisor vs SGLang's ``Sidecar``/``SubprocessWatchdog`` (``bench_sidecar.py``),
    which needs a Python with SGLang installed (``--sglang-python``, or the cached env that
    ``scripts/sglang_envs.py`` built). Without one the row is reported as not measured.
-5. Plugin cost: ``load_plugins()`` in a fresh process with and without this plugin allowed.
+5. Plugin cost: ``load_plugins()`` in a fresh process with and without this plugin allowed, and
+   the leader's launch step, on stock SGLang and on the rebuilt wheel (patch 0006).
 6. The shape of our GetServerInfo service: the hand-framed tower service (``ours``) vs tonic's
    generated server returning the pre-encoded message (``ours-generated``), same load as row 1.
 7. Leader ``GetServerInfo`` per call on 0.5.22+: SGLang's real ``RuntimeHandle.get_server_info``

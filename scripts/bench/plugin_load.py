@@ -5,8 +5,10 @@ launch hook adds once a leader's launch starts.
 
 Prints one JSON line: ``load_plugins`` (s), ``leader_launch`` (s, None without the overlay),
 ``overlay_modules`` (the overlay's modules loaded), ``targets`` (hooked targets at
-``load_plugins()``, then added by the launch) and ``walk`` (s: SGLang's walk over every loaded
-module after patching one target). Imports nothing of the overlay itself before
+``load_plugins()``, then added by the launch), ``walk`` (s: SGLang's walk over every loaded
+module after patching one target), ``walks`` and ``registry`` (how many walks the registry
+ran during both steps, and the seconds they took: the registry's share of the plugin's cost;
+the rest is the overlay's own). Imports nothing of the overlay itself before
 ``load_plugins()``, so "was the plugin loaded" is read from ``sys.modules``.
 
 Two SGLang internals are read, because no public API says this: ``HookRegistry._patched`` (the
@@ -21,6 +23,7 @@ import importlib
 import json
 import sys
 import time
+from typing import Any
 
 # What an engine process has imported before it runs load_plugins(): the plugin hooks these
 # modules, so importing them is SGLang's launch cost, not the plugin's. ``--bare`` (the smoke
@@ -50,6 +53,22 @@ def leader_launch() -> float:
     return time.perf_counter() - started
 
 
+def time_walks(hook_registry: Any) -> list[float]:
+    """Every call of the registry's walk from now on, timed: a list of their durations."""
+    walk = hook_registry._propagate_patch
+    durations: list[float] = []
+
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        started = time.perf_counter()
+        try:
+            return walk(*args, **kwargs)
+        finally:
+            durations.append(time.perf_counter() - started)
+
+    hook_registry._propagate_patch = timed
+    return durations
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--bare", action="store_true", help="skip the engine pre-imports")
@@ -60,6 +79,7 @@ def main(argv: list[str] | None = None) -> None:
     import sglang.srt.plugins as plugins
     from sglang.srt.plugins import hook_registry
 
+    walks = time_walks(hook_registry)
     t1 = time.perf_counter()
     plugins.load_plugins()
     t2 = time.perf_counter()
@@ -69,6 +89,7 @@ def main(argv: list[str] | None = None) -> None:
     if overlay_modules:
         launch = leader_launch()
         targets[1] = len(hook_registry.HookRegistry._patched) - targets[0]
+    counted = list(walks)
     # The walk once, for an object no module holds: what each hooked target costs on top of
     # wrapping it.
     t3 = time.perf_counter()
@@ -82,6 +103,8 @@ def main(argv: list[str] | None = None) -> None:
                 "overlay_modules": overlay_modules,
                 "targets": targets,
                 "walk": walk,
+                "walks": len(counted),
+                "registry": sum(counted),
             }
         )
     )

@@ -11,6 +11,7 @@ import json
 import socket
 import threading
 from collections.abc import Iterator
+from unittest import mock
 
 import msgspec
 import pytest
@@ -29,7 +30,8 @@ from sglang_sidecar_overlay.contract.endpoints import endpoint_problems
 from sglang_sidecar_overlay.contract.server_info import render_server_info
 from sglang_sidecar_overlay.tools import probe
 from sglang_sidecar_overlay.tools.probe import wire
-from sglang_sidecar_overlay.tools.probe.listen import traffic_findings
+from sglang_sidecar_overlay.tools.probe.listen import Subscriptions, traffic_findings
+from sglang_sidecar_overlay.tools.probe.report import RankTraffic
 from wire_server import (
     decode_health_check_request,
     encode_get_server_info_response,
@@ -373,3 +375,65 @@ def test_run_probe_reports_a_connect_style_endpoint(sample: dict) -> None:
 
 def test_listen_to_no_source_returns_at_once() -> None:
     assert probe.listen([], 30) == []
+
+
+def listen_across_a_gap(missed: int, replay_buffer_steps: int) -> RankTraffic:
+    """Live batches from a real PUB socket with ``missed`` sequence numbers skipped once."""
+    context = zmq.Context()
+    pub = context.socket(zmq.PUB)
+    try:
+        pub.bind("tcp://127.0.0.1:*")
+        source = {
+            "dp_rank": 0,
+            "endpoint": pub.getsockopt_string(zmq.LAST_ENDPOINT),
+            "topic": "",
+            "block_size": 16,
+            "replay_endpoint": None,
+            "replay_buffer_steps": replay_buffer_steps,
+        }
+        payload = msgspec.msgpack.encode([0.0, [["AllBlocksCleared"]], 0])
+        subscriptions = Subscriptions([source])
+        try:
+            (traffic,) = subscriptions.traffic
+            seq = 0
+            # Numbered batches until the subscription is live (a SUB joins late), then the gap.
+            while traffic.batches == 0 and seq < 500:
+                pub.send_multipart([b"", seq.to_bytes(8, "big"), payload])
+                subscriptions.poll(0.02)
+                seq += 1
+            assert traffic.batches > 0, "the subscription never received a batch"
+            seq = (traffic.highest_seq or 0) + 1 + missed
+            for _ in range(100):
+                if traffic.seq_gaps:
+                    break
+                pub.send_multipart([b"", seq.to_bytes(8, "big"), payload])
+                subscriptions.poll(0.05)
+            return traffic
+        finally:
+            subscriptions.close()
+    finally:
+        pub.close(0)
+        context.term()
+
+
+def test_a_live_gap_beyond_the_replay_horizon_is_a_warning_in_listen_and_watch() -> None:
+    from sglang_sidecar_overlay.tools.probe.watch import NodeView, render_lines, render_table
+
+    traffic = listen_across_a_gap(missed=9, replay_buffer_steps=3)
+    assert traffic.seq_gaps == 1 and traffic.widest_gap == 9
+    assert traffic.beyond_replay_horizon
+    wanted = "a live gap of 9 batches exceeds the replay horizon (replay_buffer_steps 3)"
+    warnings = [f for f in traffic_findings([traffic], 1.0) if f.level == "warning"]
+    assert any(wanted in f.message for f in warnings), warnings
+    node = NodeView("127.0.0.1:1")
+    node.subscriptions = mock.Mock(traffic=[traffic])
+    assert f"warning: 127.0.0.1:1 rank 0: {wanted}" in render_lines([node])
+    assert f"  warning: 127.0.0.1:1 rank 0: {wanted}" in render_table([node])
+
+
+def test_a_live_gap_within_the_replay_horizon_is_no_horizon_warning() -> None:
+    traffic = listen_across_a_gap(missed=3, replay_buffer_steps=3)
+    assert traffic.seq_gaps == 1 and traffic.widest_gap == 3
+    assert not traffic.beyond_replay_horizon
+    messages = [f.message for f in traffic_findings([traffic], 1.0)]
+    assert not any("replay horizon" in m for m in messages), messages

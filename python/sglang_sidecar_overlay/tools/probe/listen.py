@@ -8,7 +8,15 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from sglang_sidecar_overlay.tools.probe.report import INFO, OK, CheckFindings, Finding, RankTraffic
+from sglang_sidecar_overlay.contract.values import is_int
+from sglang_sidecar_overlay.tools.probe.report import (
+    INFO,
+    OK,
+    CheckFindings,
+    Finding,
+    RankTraffic,
+    horizon_warning,
+)
 
 __all__ = [
     "REPLAY_END_SEQ",
@@ -70,6 +78,7 @@ def _record_batch(traffic: RankTraffic, seq: int, payload: bytes, *, replay: boo
             traffic.seq_resets += 1
         elif last is not None and seq != last + 1:
             traffic.seq_gaps += 1
+            traffic.widest_gap = max(traffic.widest_gap, seq - last - 1)
         traffic._last_live_seq = seq
     if traffic.highest_seq is None or seq > traffic.highest_seq:
         traffic.highest_seq = seq
@@ -118,6 +127,12 @@ def _on_replay(traffic: RankTraffic, frames: list[bytes]) -> None:
     _record_batch(traffic, seq, payload, replay=True)
 
 
+def _replay_buffer_steps(source: Mapping[str, Any]) -> int | None:
+    """The source's advertised replay horizon, when it is a usable count."""
+    steps = source.get("replay_buffer_steps")
+    return steps if is_int(steps) else None
+
+
 class Subscriptions:
     """Live SUB sockets (and a replay request from seq 0) on every source, polled on demand.
 
@@ -135,6 +150,7 @@ class Subscriptions:
                 endpoint=str(source.get("endpoint")),
                 topic=str(source.get("topic") or ""),
                 replay_endpoint=source.get("replay_endpoint"),
+                replay_buffer_steps=_replay_buffer_steps(source),
             )
             for index, source in enumerate(sources)
         ]
@@ -281,6 +297,8 @@ def _rank_problems(item: RankTraffic, seconds: float) -> CheckFindings:
         )
     if item.seq_gaps:
         rank.warning(source, f"{item.seq_gaps} gap(s) in live sequence numbers")
+    if item.beyond_replay_horizon:
+        rank.warning(source, horizon_warning(item))
     if item.seq_resets:
         rank.warning(
             source,

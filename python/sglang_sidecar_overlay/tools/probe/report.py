@@ -120,6 +120,14 @@ class CheckFindings:
         return passed.found + self.found
 
 
+def horizon_warning(item: RankTraffic) -> str:
+    """What a consumer must do after a gap its replay cannot fill."""
+    return (
+        f"a live gap of {item.widest_gap} batches exceeds the replay horizon "
+        f"(replay_buffer_steps {item.replay_buffer_steps}): replay cannot fill it, resync"
+    )
+
+
 @dataclasses.dataclass
 class RankTraffic:
     """What one advertised publisher delivered during the listen window."""
@@ -137,12 +145,22 @@ class RankTraffic:
     highest_seq: int | None = None
     seq_gaps: int = 0
     seq_resets: int = 0
+    # The advertised replay horizon (contract v3; None when the source does not report one)
+    # and the widest live gap seen, in missed batches.
+    replay_buffer_steps: int | None = None
+    widest_gap: int = 0
     stamped_ranks: set = dataclasses.field(default_factory=set)
     unstamped_batches: int = 0
     bad_messages: int = 0
     other_topics: int = 0
     last_bad: str | None = None
     _last_live_seq: int | None = None
+
+    @property
+    def beyond_replay_horizon(self) -> bool:
+        """A live gap wider than the replay buffer: replay cannot fill it, a consumer resyncs."""
+        steps = self.replay_buffer_steps
+        return steps is not None and self.widest_gap > steps
 
     @property
     def rank_matches(self) -> bool | None:
@@ -165,6 +183,8 @@ class RankTraffic:
             "highest_seq": self.highest_seq,
             "seq_gaps": self.seq_gaps,
             "seq_resets": self.seq_resets,
+            "widest_gap": self.widest_gap,
+            "beyond_replay_horizon": self.beyond_replay_horizon,
             "stamped_ranks": sorted(self.stamped_ranks),
             "unstamped_batches": self.unstamped_batches,
             "rank_matches": self.rank_matches,

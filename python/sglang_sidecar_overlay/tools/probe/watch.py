@@ -25,7 +25,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any, TextIO
 
 from sglang_sidecar_overlay.tools.probe.listen import Subscriptions
-from sglang_sidecar_overlay.tools.probe.report import ProbeError, RankTraffic
+from sglang_sidecar_overlay.tools.probe.report import ProbeError, RankTraffic, horizon_warning
 from sglang_sidecar_overlay.tools.probe.rpc import (
     fetch_server_info,
     grpc_target,
@@ -173,7 +173,18 @@ def render_table(nodes: Sequence[NodeView], now: float | None = None) -> str:
                 for i, (cell, width) in enumerate(zip(row, widths, strict=True))
             ).rstrip()
         )
+    lines += [f"  warning: {text}" for text in _horizon_warnings(nodes)]
     return "\n".join(lines) + "\n"
+
+
+def _horizon_warnings(nodes: Sequence[NodeView]) -> list[str]:
+    """One line per rank whose live gap exceeded its advertised replay horizon."""
+    return [
+        f"{node.target} rank {item.dp_rank}: {horizon_warning(item)}"
+        for node in nodes
+        for item in node.traffic
+        if item.beyond_replay_horizon
+    ]
 
 
 def render_lines(nodes: Sequence[NodeView], now: float | None = None) -> str:
@@ -198,6 +209,7 @@ def render_lines(nodes: Sequence[NodeView], now: float | None = None) -> str:
                 f"gaps={item.seq_gaps} resets={item.seq_resets + node.relaunches} "
                 f"replayed={item.replay_batches} health={node.health}"
             )
+    lines += [f"{stamp} warning: {text}" for text in _horizon_warnings(nodes)]
     return "\n".join(lines) + "\n"
 
 
