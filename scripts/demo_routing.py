@@ -47,10 +47,21 @@ def say(text: str = "") -> None:
     print(text, flush=True)
 
 
+REPOSITORY = HARNESS_ROOT.parent
+
+
+def as_typed(argv: list[str]) -> str:
+    """``argv`` as a person would type it in the env, from the repository's root: ``python``
+    for the env's interpreter, paths in the repository relative to it."""
+    prefix = f"{REPOSITORY}/"
+    words = ["python" if word == sys.executable else word.replace(prefix, "") for word in argv]
+    return shlex.join(words)
+
+
 def shown(launch: Launch, argv: list[str], environ: dict[str, str]) -> str:
     """The command line as a person would type it on the node."""
     env = " ".join(f"{key}={shlex.quote(value)}" for key, value in environ.items())
-    return f"[node {launch.node_rank}, {launch.address}] {env} {shlex.join(argv)}"
+    return f"[node {launch.node_rank}, {launch.address}] {env} {as_typed(argv)}"
 
 
 class ServerProcess:
@@ -143,7 +154,7 @@ def main() -> int:
         say("== Dynamo's router, on the leader's host")
         router = dynamo.Router(leader_host, PAGE_SIZE, workdir / "router.log")
         stack.callback(router.stop)
-        say(f"[node 0, {leader_host.address}] {shlex.join(router.argv)}")
+        say(f"[node 0, {leader_host.address}] {as_typed(router.argv)}")
 
         prompts = {1: kv_events.prompt(), 0: kv_events.prompt()}
         say(f"== overlap scores (matched {PAGE_SIZE}-token pages per DP rank) before anything: "
