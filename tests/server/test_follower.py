@@ -15,7 +15,7 @@ from collections.abc import Iterator
 
 import grpc
 import pytest
-from sglang_sidecar_overlay.server.follower import start_follower_server
+from sglang_sidecar_overlay.server.follower import DEFAULT_LINGER_S, start_follower_server
 from sglang_sidecar_overlay.sidecar.proctree import read_stat
 from sglang_sidecar_overlay.tools.probe import wire as _grpc_wire
 
@@ -38,7 +38,8 @@ def schedulers() -> Iterator[list[subprocess.Popen]]:
 
 
 def _health(port: int) -> int | None:
-    """The health status of "" or None when the server does not answer."""
+    """The health status of "", or None when nothing listens (the connection is refused:
+    UNAVAILABLE); any other failure is raised, so a stalled or wrong server is not "nothing"."""
     with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
         check = channel.unary_unary(
             _grpc_wire.HEALTH_CHECK_PATH,
@@ -47,8 +48,10 @@ def _health(port: int) -> int | None:
         )
         try:
             reply = check(_grpc_wire.encode_health_check_request(""), timeout=2.0)
-        except grpc.RpcError:
-            return None
+        except grpc.RpcError as exc:
+            if exc.code() == grpc.StatusCode.UNAVAILABLE:
+                return None
+            raise
     return _grpc_wire.decode_health_check_response(reply)
 
 
@@ -75,18 +78,21 @@ def _wait_for(predicate, timeout: float, what: str):
 
 def test_snapshot_then_serving_then_not_serving_when_schedulers_exit(schedulers):
     snapshot = {"node_rank": 1, "kv_event_sources": []}
+    # A linger far past the deadlines below: the server stops because the last scheduler
+    # went, not because the linger ran out, and stays up NOT_SERVING until then.
     follower = start_follower_server(
-        "127.0.0.1", 0, json.dumps(snapshot), [p.pid for p in schedulers], linger_s=2.0
+        "127.0.0.1", 0, json.dumps(snapshot), [p.pid for p in schedulers], linger_s=600.0
     )
     try:
         assert _server_info(follower.port) == snapshot
         assert _health(follower.port) == SERVING
         schedulers[0].kill()
         schedulers[0].wait(timeout=10)
-        _wait_for(lambda: _health(follower.port) in (NOT_SERVING, None), 10, "NOT_SERVING")
+        _wait_for(lambda: _health(follower.port) == NOT_SERVING, 30, "NOT_SERVING")
+        assert follower.is_alive() and _server_info(follower.port) == snapshot
         schedulers[1].kill()
         schedulers[1].wait(timeout=10)
-        _wait_for(lambda: not follower.is_alive(), 10, "server stopped")
+        _wait_for(lambda: not follower.is_alive(), 30, "server stopped")
         assert _health(follower.port) is None
         assert follower.exited_pid == schedulers[0].pid
     finally:
@@ -95,11 +101,16 @@ def test_snapshot_then_serving_then_not_serving_when_schedulers_exit(schedulers)
 
 def test_lone_crash_stops_after_linger(schedulers):
     follower = start_follower_server(
-        "127.0.0.1", 0, "{}", [p.pid for p in schedulers], linger_s=0.5
+        "127.0.0.1", 0, "{}", [p.pid for p in schedulers], linger_s=DEFAULT_LINGER_S
     )
     try:
         schedulers[1].kill()
-        _wait_for(lambda: not follower.is_alive(), 10, "server stopped after linger")
+        # First NOT_SERVING with the port still open (the linger), then stopped while the
+        # other scheduler still runs: the linger ended it, not the last scheduler's exit.
+        _wait_for(lambda: _health(follower.port) == NOT_SERVING, 30, "NOT_SERVING")
+        _wait_for(lambda: not follower.is_alive(), 60, "server stopped after linger")
+        assert schedulers[0].poll() is None
+        assert _health(follower.port) is None
     finally:
         follower.stop()
 

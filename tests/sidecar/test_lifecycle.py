@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -20,7 +21,7 @@ from pathlib import Path
 import pytest
 import sglang_sidecar_overlay
 from conftest import TESTS
-from sglang_sidecar_overlay.sidecar import proctree, shim
+from sglang_sidecar_overlay.sidecar import proctree, shim, supervisor
 from sglang_sidecar_overlay.sidecar.supervisor import SidecarOptions
 from sidecar_providers.harness import (
     Supervisors,
@@ -141,22 +142,33 @@ def test_on_failure_restarts_with_backoff_then_gives_up(supervise, tmp_path) -> 
     assert len(runs) == 3
     assert sup.restarts == 2
     gaps = [b["time"] - a["time"] for a, b in itertools.pairwise(runs)]
-    # 1 s then 2 s (+ up to 10 % jitter), plus the time to spawn a sidecar.
-    assert 1.0 <= gaps[0] <= 1.1 + 1.0, gaps
-    assert 2.0 <= gaps[1] <= 2.2 + 1.0, gaps
+    # At least 1 s then 2 s (+ up to 10 % jitter): never earlier, however loaded the machine.
+    # How much later depends on the load; backoff_delay's own test pins the figures.
+    assert gaps[0] >= 1.0 and gaps[1] >= 2.0, gaps
     assert fatal.calls == ["sidecar 'sidecar_providers.exit3' exited with code 3"]
 
 
-def test_stop_during_backoff_returns_at_once_without_fatal(supervise, tmp_path) -> None:
+def test_stop_during_backoff_returns_at_once_without_fatal(
+    supervise, tmp_path, monkeypatch
+) -> None:
+    # A backoff of ten minutes and a shutdown timeout of five minutes: a stop (or a supervisor
+    # thread) that waited out either would miss the deadlines below.
+    monkeypatch.setattr(supervisor, "BACKOFF_BASE", 600.0)
+    monkeypatch.setattr(supervisor, "BACKOFF_CAP", 600.0)
     report = tmp_path / "r.json"
-    opts = SidecarOptions(shutdown_timeout=2.0, restart="on-failure", max_restarts=5)
+    opts = SidecarOptions(shutdown_timeout=300.0, restart="on-failure", max_restarts=5)
     sup, fatal = supervise("exit3", ["--report", str(report)], options=opts)
     sup.start()
     read_report(report)
     assert wait_for(lambda: sup.pid is None, 5)  # exited; now waiting out the backoff
-    t0 = time.monotonic()
-    sup.stop()
-    assert time.monotonic() - t0 < 0.5
+    stopper = threading.Thread(target=sup.stop, daemon=True)
+    stopper.start()
+    stopper.join(60)
+    assert not stopper.is_alive(), "stop() waited for the backoff"
+    # The backoff itself was cut short: the supervisor thread ended, no restart pending.
+    assert sup._thread is not None
+    sup._thread.join(60)
+    assert not sup._thread.is_alive(), "the supervisor thread still waits out the backoff"
     assert fatal.calls == []
     assert sup.restarts == 0
     assert len(read_log(report)) == 1
@@ -165,15 +177,15 @@ def test_stop_during_backoff_returns_at_once_without_fatal(supervise, tmp_path) 
 # -- stop -------------------------------------------------------------------------------------
 
 
-def test_stop_cooperative_child(supervise, tmp_path) -> None:
+def test_stop_cooperative_child(supervise, tmp_path, caplog) -> None:
     report = tmp_path / "r.json"
     sup, fatal = supervise("serve", ["--report", str(report)])
     sup.start()
     provider = proc_key(read_report(report)["pid"])
-    t0 = time.monotonic()
-    sup.stop()
-    assert time.monotonic() - t0 < 2.0
+    with caplog.at_level(logging.INFO, logger=supervisor.__name__):
+        sup.stop()
     assert Path(f"{report}.term").exists()  # it got SIGTERM and exited by itself
+    assert "sending SIGKILL" not in caplog.text and "sending SIGTERM" in caplog.text
     assert gone(provider)
     assert not sup.is_alive() and sup.pid is None
     assert fatal.calls == []
@@ -200,8 +212,8 @@ def test_stop_sigterm_ignoring_tree_is_bounded_and_kills_grandchildren(
     )  # the second grandchild really left the group
     t0 = time.monotonic()
     sup.stop()
-    elapsed = time.monotonic() - t0
-    assert timeout <= elapsed <= timeout + 1.0, elapsed
+    # SIGKILL only after the shutdown timeout (never earlier); how long past it is the load's.
+    assert time.monotonic() - t0 >= timeout
     for key in (shim_key, provider, *grandchildren):
         assert wait_for(lambda k=key: gone(k), 2), key
     assert sibling.poll() is None

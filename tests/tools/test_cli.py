@@ -364,5 +364,8 @@ def test_console_script_when_installed() -> None:
     result = subprocess.run(
         [str(script), "status", "--json"], capture_output=True, text=True, timeout=60, check=False
     )
-    assert result.returncode in (0, 1)
-    assert json.loads(result.stdout)["plugin"]["name"] == "sidecar_overlay"
+    status = json.loads(result.stdout)
+    assert status["plugin"]["name"] == "sidecar_overlay"
+    # Exit 0 exactly when the status says active (1, with its reasons, otherwise).
+    assert result.returncode == (0 if status["active"] else 1), status
+    assert status["active"] or status["reasons"]
