@@ -61,9 +61,16 @@ def health_or_error(port: int, host: str) -> int | str:
 
 
 def health(port: int, host: str) -> int | None:
-    """grpc.health.v1 status of the whole server, None when nothing answers."""
+    """grpc.health.v1 status of the whole server; None only when nothing listens (the
+    connection is refused: ``UNAVAILABLE``). Any other failed Check (``UNIMPLEMENTED`` from a
+    server without the health service, a deadline) is an AssertionError naming it, so it
+    never passes for "nothing"."""
     status = health_or_error(port, host)
-    return status if isinstance(status, int) else None
+    if isinstance(status, int):
+        return status
+    if status == "UNAVAILABLE":
+        return None
+    raise AssertionError(f"health Check on {host}:{port} failed with {status}, not refused")
 
 
 def watch_health(port: int, host: str) -> Iterator[int]:
