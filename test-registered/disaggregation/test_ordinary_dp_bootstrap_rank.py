@@ -55,6 +55,7 @@ from overlay_harness import differences, nodes, ports
 from overlay_harness.group import TINY_MODEL
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.test_utils import CustomTestCase
+from sglang_sidecar_overlay import entry_point
 
 register_cpu_ci(est_time=29, suite="base-a-test-cpu")
 
@@ -293,7 +294,7 @@ def run_variant(with_plugins: bool, model_dir: str, out: Any) -> None:
             from sglang.srt.plugins import load_plugins
 
             # As the harness's nodes: on the rebuilt-wheel side the allow-list names no plugin.
-            os.environ["SGLANG_PLUGINS"] = nodes.plugin_allow_list()
+            os.environ[entry_point.SGLANG_PLUGINS_ENV] = nodes.plugin_allow_list()
 
             load_plugins()
         from sglang.srt.disaggregation.common.conn import CommonKVSender

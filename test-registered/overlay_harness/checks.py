@@ -12,6 +12,7 @@ from pathlib import Path
 import jsonschema
 from sglang_sidecar_overlay import releases
 from sglang_sidecar_overlay.contract import schema
+from sglang_sidecar_overlay.sidecar import proctree
 
 from overlay_harness import differences, kv_events, nodes, probes
 from overlay_harness.group import KV_TOPIC, PAGE_SIZE, EngineGroup
@@ -114,11 +115,8 @@ def report_launch(topology: str, started: list[Node], began: float) -> None:
 
 def alive(pid: int) -> bool:
     """A process that exists and is not a zombie."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state != "Z"
+    stat = proctree.read_stat(pid)
+    return stat is not None and stat.state != "Z"
 
 
 def kill_schedulers(node: Node) -> None:

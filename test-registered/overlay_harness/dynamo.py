@@ -18,6 +18,8 @@ import sys
 import uuid
 from pathlib import Path
 
+from sglang_sidecar_overlay.contract.server_info import LEGACY_DP_SIZE_ENV
+
 from overlay_harness import differences, inside, netns, probes
 from overlay_harness.nodes import wait_for
 
@@ -32,7 +34,7 @@ TRANSPORT_ENV = {"DYN_DISCOVERY_BACKEND": "file", "DYN_REQUEST_PLANE": "tcp",
 WORKER_ENDPOINT = "dynamo.backend.generate"
 OVERLAP_SCORES = "dynamo.router.get_overlap_scores"
 ROUTER_GENERATE = "dynamo.router.generate"
-LEGACY_ENV = "SGLANG_SIDECAR_OVERLAY_LEGACY_DP_SIZE"
+LEGACY_ENV = LEGACY_DP_SIZE_ENV
 # The same switch in the upstream patch series (patches/).
 UPSTREAM_LEGACY_ENV = "SGLANG_SERVER_INFO_LEGACY_DP_SIZE"
 # The leader's flag the released sidecar checks in server info.

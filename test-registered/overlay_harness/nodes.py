@@ -23,6 +23,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from sglang_sidecar_overlay import entry_point
+from sglang_sidecar_overlay.sidecar import proctree
+
 from overlay_harness import inside, probes
 from overlay_harness.group import EngineGroup, Launch
 
@@ -56,16 +59,16 @@ def pids_with_tag(tag: str) -> list[int]:
             continue
         try:
             environ = (entry / "environ").read_bytes()
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
         except OSError:
             continue
-        if state != "Z" and needle in environ.split(b"\0"):
+        stat = proctree.read_stat(int(entry.name))
+        if stat is not None and stat.state != "Z" and needle in environ.split(b"\0"):
             found.append(int(entry.name))
     return found
 
 
 def plugin_allow_list() -> str:
-    return os.environ.get(PLUGINS_OVERRIDE_ENV, "sidecar_overlay")
+    return os.environ.get(PLUGINS_OVERRIDE_ENV, entry_point.PLUGIN_NAME)
 
 
 class HealthWatch:
@@ -118,7 +121,7 @@ class Node:
         env = inside.harness_environ()
         env.update(launch.environ)
         env[TAG_ENV] = self.tag
-        env["SGLANG_PLUGINS"] = plugin_allow_list()
+        env[entry_point.SGLANG_PLUGINS_ENV] = plugin_allow_list()
         argv = [sys.executable, "-m", "overlay_harness.node_process", self.role, *launch.args]
         self.network = launch.group.network
         if self.network is not None:
