@@ -10,6 +10,10 @@ prints the time from the fault to a clean node (no process carrying the node's t
 fault table.
 
 Faults:
+- a bad ``SGLANG_SIDECAR_OVERLAY_LEGACY_DP_SIZE`` value on a leader: the launch fails naming
+  the value before the launch's incarnation begins, so before any scheduler starts (0.5.22+
+  leaders build their reply per request; without the launch-time read the error would wait
+  for the first ``GetServerInfo``);
 - a follower's scheduler SIGKILLed as it starts (``kill_at_start``): the launch fails naming
   the dead scheduler (no leader needed: it dies before any rendezvous);
 - a follower's scheduler SIGKILLed between its readiness and the follower server's start
@@ -50,6 +54,8 @@ from overlay_harness.scheduler_faults import FAULT_ENV
 from overlay_harness.testcase import NodesTestCase
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang_sidecar_overlay import releases
+from sglang_sidecar_overlay.contract.server_info import LEGACY_DP_SIZE_ENV
+from sglang_sidecar_overlay.sidecar import proctree
 
 register_cpu_ci(est_time=200, suite="base-a-test-cpu")
 
@@ -72,10 +78,11 @@ def spawned_children(pid: int) -> list[int]:
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
-        with contextlib.suppress(OSError, IndexError):
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            cmdline = (entry / "cmdline").read_bytes()
-            if int(fields[1]) == pid and fields[0] != "Z" and b"resource_tracker" not in cmdline:
+        stat = proctree.read_stat(int(entry.name))
+        if stat is None or stat.ppid != pid or stat.state == "Z":
+            continue
+        with contextlib.suppress(OSError):
+            if b"resource_tracker" not in (entry / "cmdline").read_bytes():
                 found.append(int(entry.name))
     return found
 
@@ -118,6 +125,28 @@ class TestLaunchFaults(NodesTestCase):
         self.assertNotEqual(node.proc.returncode, 0, node.log_tail())
         node.wait_gone(CLEAN_DEADLINE)
         return time.monotonic() - failed_at
+
+    def test_a_bad_dp_size_switch_fails_the_leader_launch_before_its_schedulers(self):
+        # The leader builds its reply per request; the switch is read when its launch starts.
+        group = EngineGroup(1, ["--tp", "1"])
+        launch = group.launch(0, env={LEGACY_DP_SIZE_ENV: "maybe"})
+        with nodes.running(launch, names=["leader"], log_dir=self.workdir) as (leader,):
+            event = leader.ready()
+            failed_at = time.monotonic()
+            self.assertEqual(event["event"], "error", leader.log_tail())
+            self.assertEqual(
+                event["error"],
+                f"ValueError: {LEGACY_DP_SIZE_ENV}='maybe' is not a boolean; use one of "
+                "1/true/yes/on or 0/false/no/off",
+            )
+            clean = self.assert_failed_and_clean(leader, failed_at)
+            # Before the launch's incarnation, so before any scheduler process.
+            self.assertNotIn("node launch incarnation", leader.log_text())
+            report_fault(
+                "a bad dp_size switch value on the leader",
+                f"exit {leader.proc.returncode}: {event['error'][:120]}",
+                clean,
+            )
 
     def test_follower_scheduler_killed_as_it_starts(self):
         group = EngineGroup(2, TP2)
@@ -183,6 +212,8 @@ class TestLaunchFaults(NodesTestCase):
         launch = group.launch(0, sidecar=DUMP_PROVIDER, sidecar_args=["--dump", str(dump)])
         with nodes.running(launch, names=["leader"], log_dir=self.workdir) as (leader,):
             leader.expect_ready()
+            # The line the bad-switch test expects absent is there in a launch that starts.
+            self.assertIn("node launch incarnation", leader.log_text())
             path = nodes.wait_for(
                 lambda: sorted(dump.parent.glob(f"{dump.name}.*[0-9].json")),
                 240,

@@ -28,8 +28,12 @@ from sglang_sidecar_overlay.contract.server_info import (
 logger = logging.getLogger(__name__)
 
 
-def begin_node_launch() -> None:
-    """A new incarnation for this launch of the node; called before its schedulers start."""
+def begin_node_launch(sidecar: str | None = None) -> None:
+    """A new incarnation for this launch of the node; called before its schedulers start.
+
+    The ``dp_size`` switch is read here first, so a bad value fails the launch before any
+    scheduler starts, on the leader too (whose reply is otherwise built per request)."""
+    legacy_dp_size_enabled(sidecar=sidecar)
     incarnation = begin_launch()
     logger.info("node launch incarnation %s", incarnation.id)
 

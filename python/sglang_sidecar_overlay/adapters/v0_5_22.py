@@ -140,7 +140,7 @@ def install_launch_hooks(names: list[str] | None = None) -> list[str]:
 def around_launch_schedulers(original: Any, cls: Any, server_args: Any, *args: Any, **kwargs):
     from sglang_sidecar_overlay.adapters import _server_info
 
-    _server_info.begin_node_launch()
+    _server_info.begin_node_launch(getattr(server_args, "sidecar", None))
     install_launch_hooks()
     children = ["prefill_sender"] if _disagg_dp_rank.prefill_node(server_args) else []
     with _hooks.exported_child_groups(children):
