@@ -10,6 +10,7 @@ import json
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 
@@ -124,6 +125,48 @@ def test_stop_is_idempotent_and_closes_the_port(schedulers):
     assert not follower.is_alive()
     with socket.socket() as probe:
         assert probe.connect_ex(("127.0.0.1", port)) != 0
+
+
+def test_a_second_stop_returns_only_after_the_first_one_finished(schedulers):
+    # The scheduler watcher may be stopping the sidecar when the node's main thread stops the
+    # server on its way out: the main thread must not exit under that stop.
+    follower = start_follower_server("127.0.0.1", 0, "{}", [schedulers[0].pid])
+    entered, release = threading.Event(), threading.Event()
+    order: list[str] = []
+
+    def slow_sidecar_stop() -> None:
+        entered.set()
+        release.wait(60)
+        order.append("sidecar stopped")
+
+    follower.add_before_stop(slow_sidecar_stop)
+    first = threading.Thread(target=follower.stop, daemon=True)
+    first.start()
+    assert entered.wait(30)
+    second = threading.Thread(
+        target=lambda: (follower.stop(), order.append("second returned")), daemon=True
+    )
+    second.start()
+    second.join(0.5)
+    assert second.is_alive() and order == []  # still waiting for the first stop
+    release.set()
+    first.join(30)
+    second.join(30)
+    assert not first.is_alive() and not second.is_alive()
+    assert order == ["sidecar stopped", "second returned"]
+    assert not follower.is_alive()
+
+
+def test_a_stop_reentered_by_the_stopping_thread_returns(schedulers):
+    # A signal handler (SIGQUIT on the crash path) re-entering stop() on the thread that is
+    # already stopping must not wait for itself.
+    follower = start_follower_server("127.0.0.1", 0, "{}", [schedulers[0].pid])
+    reentered: list[bool] = []
+    follower.add_before_stop(lambda: (follower.stop(), reentered.append(True)))
+    done = threading.Thread(target=follower.stop, daemon=True)
+    done.start()
+    done.join(30)
+    assert not done.is_alive() and reentered == [True]
 
 
 def test_bind_failure_names_the_address(schedulers):

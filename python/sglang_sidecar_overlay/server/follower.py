@@ -59,6 +59,8 @@ class FollowerMetadataServer:
         self._linger_s = linger_s
         self._lock = threading.Lock()
         self._stopped = False
+        self._stop_done = threading.Event()
+        self._stopper: int | None = None
         self._wake_r, self._wake_w = os.pipe()
         self._pidfds: dict[int, int] = {}
         self._watcher: threading.Thread | None = None
@@ -149,11 +151,30 @@ class FollowerMetadataServer:
         self.stop()
 
     def stop(self) -> None:
-        """Health NOT_SERVING, server stopped, watcher ended. Idempotent."""
+        """Health NOT_SERVING, server stopped, watcher ended. Idempotent.
+
+        A second caller returns only once the first one's stop has finished (its sidecar
+        stopped, each step bounded), so a node that exits right after ``stop()`` never cuts a
+        stop the scheduler watcher began short. Neither the watcher (the first stopper joins it)
+        nor the stopping thread itself (a signal handler re-entering) waits.
+        """
+        me = threading.get_ident()
         with self._lock:
-            if self._stopped:
-                return
+            first = not self._stopped
             self._stopped = True
+            if first:
+                self._stopper = me
+        if not first:
+            watcher = self._watcher
+            if me != self._stopper and (watcher is None or me != watcher.ident):
+                self._stop_done.wait()
+            return
+        try:
+            self._stop_once()
+        finally:
+            self._stop_done.set()
+
+    def _stop_once(self) -> None:
         for callback in self._before_stop:
             try:
                 callback()
