@@ -97,7 +97,7 @@ def figures(side: dict[str, Any]) -> dict[str, float]:
 
 def _verdict(value_ms: float, goal_ms: float) -> str:
     return (
-        f"{value_ms:.1f} ms, goal ≤ {goal_ms:.0f} ms: {'met' if value_ms <= goal_ms else 'not met'}"
+        f"{value_ms:.2f} ms, goal ≤ {goal_ms:.0f} ms: {'met' if value_ms <= goal_ms else 'not met'}"
     )
 
 
