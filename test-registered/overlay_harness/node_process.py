@@ -16,6 +16,13 @@ node, as on a real cluster, ROLE being one of:
 - ``blocking-follower``: ``launch_server`` itself, i.e. SGLang's blocking follower
   branch, which returns only when its schedulers have exited. No ready event.
 
+SGLang's DP controller polls its socket without blocking, a whole core while the node is idle
+(a GPU host has cores to spare; this 2-core machine has not). Once a leader serves,
+:func:`yield_busy_pollers` lowers that process's priority to ``nice 19``, after it spawned its
+schedulers, so theirs is unchanged: it still forwards every request, and spins only on
+otherwise idle CPU. The schedulers themselves sleep when idle (``--sleep-on-idle``,
+``overlay_harness.group``).
+
 Protocol on stdout (fd 1 carries only this; anything else printed goes to stderr): one JSON
 line ``{"event": "ready", "pids": [...]}`` (a follower's scheduler processes), or
 ``{"event": "error", "error": "..."}`` and exit 1, or ``{"event": "exited"}`` when a blocking
@@ -33,6 +40,7 @@ import threading
 from typing import Any
 
 from overlay_harness import scheduler_faults
+from sglang_sidecar_overlay.sidecar import proctree
 
 _protocol = None
 
@@ -56,6 +64,31 @@ def _sigterm_when_stdin_closes() -> None:
     threading.Thread(target=wait, name="stop-on-stdin-eof", daemon=True).start()
 
 
+# Process titles (/proc comm, 15 bytes) of SGLang processes that poll without blocking.
+BUSY_POLLERS = (b"sglang::data_pa",)
+BUSY_POLLER_NICE = 19
+
+
+def yield_busy_pollers() -> list[int]:
+    """Renice this node's busy-polling SGLang processes to the lowest priority; their pids."""
+    reniced = []
+    for pid, _start in proctree.descendants(os.getpid()):
+        try:
+            with open(f"/proc/{pid}/comm", "rb") as f:
+                comm = f.read().strip()
+            if comm in BUSY_POLLERS:
+                os.setpriority(os.PRIO_PROCESS, pid, BUSY_POLLER_NICE)
+                reniced.append(pid)
+        except OSError:
+            continue  # gone meanwhile
+    return reniced
+
+
+def _serving() -> None:
+    yield_busy_pollers()
+    _emit({"event": "ready", "pids": []})
+
+
 def _scheduler_kwargs() -> dict[str, Any]:
     """``launch_server``'s scheduler function: its default unless a fault is injected."""
     function = scheduler_faults.scheduler_function()
@@ -76,7 +109,7 @@ def serve_with_launch_server(argv: list[str]) -> int:
     try:
         http_server.launch_server(
             server_args,
-            launch_callback=lambda: _emit({"event": "ready", "pids": []}),
+            launch_callback=_serving,
             **_scheduler_kwargs(),
         )
     except BaseException as exc:
