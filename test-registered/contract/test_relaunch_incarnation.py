@@ -15,8 +15,9 @@ continue generation) and is new, with a new incarnation, after the relaunch.
 The first launch also shows the follower that owns no publisher: it answers ``[]`` (valid:
 "this node owns no publisher"), and NVIDIA Dynamo's released sidecar, asked for with
 ``--sidecar dynamo.sglang.sidecar --sidecar-on-followers``, never starts there. The second
-launch ends with the follower's schedulers killed: its health goes SERVING, NOT_SERVING, then
-the server closes.
+launch drops ``--sidecar-on-followers``: the follower logs that the sidecar runs on the leader
+only, and starts none. It ends with the follower's schedulers killed: its health goes SERVING,
+NOT_SERVING, then the server closes.
 """
 
 import re
@@ -40,15 +41,20 @@ CONSUMER_ARGS = ["--sidecar-on-followers", "--grpc-endpoint", "unused"]
 # Upstream's WatchEngineState snapshot layout, checked where it exists (0.5.23).
 WATCH_ENGINE_STATE = (releases.installed_sglang_version() or "").startswith("0.5.23")
 REVISION_DEADLINE = 30.0
+# Logged by a follower given --sidecar without --sidecar-on-followers (the series capitalizes).
+LEADER_ONLY = f"--sidecar {dynamo.DYNAMO} runs on the leader only"
 
 
 class TestRelaunchIncarnation(NodesTestCase, NodeInfoChecks):
     def launch_group(self, group: EngineGroup, last: bool) -> tuple[list[dict], float, float]:
         """Launch both nodes, check them, read their infos; (infos, launch began, ready at).
         On 0.5.23 the leader's ``WatchEngineState`` instance id goes to ``self.instances``."""
+        # The relaunch drops --sidecar-on-followers: the follower says its sidecar is the
+        # leader's only.
+        follower_args = CONSUMER_ARGS if not last else CONSUMER_ARGS[1:]
         launches = [
             group.launch(0),
-            group.launch(1, sidecar=dynamo.DYNAMO, sidecar_args=CONSUMER_ARGS),
+            group.launch(1, sidecar=dynamo.DYNAMO, sidecar_args=follower_args),
         ]
         began = time.time()
         launched = time.monotonic()
@@ -66,12 +72,15 @@ class TestRelaunchIncarnation(NodesTestCase, NodeInfoChecks):
                 self.instances.append(self.paired_snapshot(started[0], infos[0]))
                 if not last:
                     self.assert_instance_id_survives_a_revision(started[0], infos[0])
+            log = started[1].log_text()
+            self.assertNotIn("follower sidecar", log)
             if not last:
                 self.assert_group_sources(started, infos)
-                log = started[1].log_text()
                 self.assertIn("owns no KV-event publisher", log)
-                self.assertNotIn("follower sidecar", log)
+                self.assertNotIn(LEADER_ONLY, log.lower())
             else:
+                self.assertIn(LEADER_ONLY, log.lower())
+                self.assertNotIn("owns no KV-event publisher", log)
                 self.assert_follower_lifecycle(started[1])
         return infos, began, ready_at
 

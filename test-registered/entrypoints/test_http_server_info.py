@@ -15,9 +15,13 @@ and the route rebound to redact the extras upstream adds after it). The node run
 on every release (0.5.22+ report 1 without it). Secret scanning of every field and of both
 nodes' logs is ``security/test_planted_secrets.py``'s; here one planted secret checks that the
 alias is redacted too and that the non-secret parts of ``internal_states`` survive redaction.
+On 0.5.19-0.5.21 the schedulers' sources reach the engine past the DP controller through the
+overlay's side channel, a private directory removed once the node is ready.
 """
 
+import contextlib
 import json
+import os
 import sys
 import unittest
 from pathlib import Path
@@ -27,12 +31,19 @@ from overlay_harness import nodes, probes
 from overlay_harness.group import EngineGroup
 from overlay_harness.testcase import NodesTestCase
 from sglang.test.ci.ci_register import register_cpu_ci
+from sglang_sidecar_overlay import releases
+from sglang_sidecar_overlay.adapters._side_channel import SOURCES_DIR_ENV
 from sglang_sidecar_overlay.contract import schema, server_info
 from sglang_sidecar_overlay.contract.redaction import REDACTED
 
 register_cpu_ci(est_time=45, suite="base-a-test-cpu")
 
 ROUTES = ("/server_info", "/get_server_info")
+# 0.5.19-0.5.21: the DP controller drops the schedulers' sources, which reach the engine
+# through the overlay's side channel (a private directory) instead.
+SIDE_CHANNEL = releases.adapter_for(releases.installed_sglang_version() or "0") == (
+    "sglang_sidecar_overlay.adapters.v0_5_19"
+)
 CANARY = "c4a9f1e2b3d4e5f60013"
 EXTRA_CONFIG = {"secret_key": CANARY, "prefix": "overlay-http"}
 
@@ -99,6 +110,21 @@ class TestHttpServerInfo(NodesTestCase):
                     # The secret inside the JSON string is hidden; the rest of it survives.
                     extra = json.loads(state["hicache_storage_backend_extra_config"])
                     self.assertEqual(extra, {**EXTRA_CONFIG, "secret_key": REDACTED})
+
+    def test_side_channel_directory_is_gone_once_ready(self):
+        exported = set()
+        for pid in nodes.pids_with_tag(self.leader.tag):
+            with contextlib.suppress(OSError):
+                for entry in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+                    name, _, value = entry.decode(errors="replace").partition("=")
+                    if name == SOURCES_DIR_ENV:
+                        exported.add(value)
+        if not SIDE_CHANNEL:
+            self.assertEqual(exported, set())
+            return
+        # The schedulers were spawned with it (so it was used), and it is removed.
+        self.assertEqual(len(exported), 1, exported)
+        self.assertFalse(os.path.exists(exported.pop()))
 
     def test_legacy_dp_size_switch_reaches_http(self):
         for path, info in self.bodies.items():

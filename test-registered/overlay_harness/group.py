@@ -2,9 +2,9 @@
 
 Every node runs SGLang's real scheduler on the CPU: the config-only tiny model shipped in
 ``models/`` (``--load-format dummy``: no weights), the test platform from ``cpu_platform/``
-(``SGLANG_PLATFORM``), the torch-native attention backend, schedulers that sleep when idle (``--sleep-on-idle``: two
-cores are shared by every process of a test), and a page size above 1 so the
-advertised ``block_size`` is checked against what the events carry. A multi-node group gets
+(``SGLANG_PLATFORM``), the torch-native attention backend, schedulers that sleep when idle
+(``--sleep-on-idle``: two cores are shared by every process of a test), and a page size above
+1 so the advertised ``block_size`` is checked against what the events carry. A multi-node group gets
 one host per node (``overlay_harness.netns``) with ``--dist-init-addr`` on the leader's
 address, so the nodes' real gloo rendezvous crosses the test's bridge.
 """

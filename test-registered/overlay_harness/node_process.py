@@ -39,8 +39,9 @@ import sys
 import threading
 from typing import Any
 
-from overlay_harness import scheduler_faults
 from sglang_sidecar_overlay.sidecar import proctree
+
+from overlay_harness import scheduler_faults
 
 _protocol = None
 

@@ -7,11 +7,12 @@ supervisor), SGLang's real tokenizer manager and detokenizer. The provider is
 ``overlay_harness.providers.kv_probe``, which reports each step to a JSON-lines file.
 
 Scenarios:
-1. the provider starts after the listener is bound (its first ``GetServerInfo`` succeeds),
-   subscribes to every advertised source and receives a real request's event batch; then
-   SIGTERM reaches the node while requests are in flight: the overlay stops the sidecar at once
-   (it records the SIGTERM, no SIGQUIT follows) before the gRPC server shuts down, and SGLang
-   drains, so every in-flight request completes whole;
+1. the provider starts after the listener is bound (its first ``GetServerInfo`` succeeds)
+   and before uvicorn accepts HTTP (so before SGLang's warm-up request), subscribes to every
+   advertised source and receives a real request's event batch; then SIGTERM reaches the node
+   while requests are in flight: the overlay stops the sidecar at once (it records the
+   SIGTERM, no SIGQUIT follows) before the gRPC server shuts down, and SGLang drains, so every
+   in-flight request completes whole;
 2. killing the provider brings the node down (SIGQUIT, as upstream's watchdog does).
 
 The released Dynamo consumer on followers, and a follower's sidecar on SGLang's crash path,
@@ -116,6 +117,9 @@ class TestSidecarLaunch(NodesTestCase):
             sigterm = log_index(log, "SIGTERM received")
             sidecar_stopped = log_index(log, f"leader sidecar {PROVIDER} pid=", sidecar_started + 1)
             self.assertLess(bound, sidecar_started)
+            # Before uvicorn accepts HTTP, so before SGLang's warm-up request too.
+            self.assertLess(sidecar_started, log_index(log, "Uvicorn running on"))
+            self.assertLess(sidecar_started, log_index(log, '"POST /generate HTTP'))
             self.assertLess(sigterm, sidecar_stopped)
             if SIGTERM_STOPS_UVICORN:
                 self.assertIn("Application shutdown complete", log)
