@@ -9,9 +9,10 @@ WHEEL_DIR := dist
 # Releases the SGLang-backed tier runs on: `ci` is releases.CI_RELEASES in the package;
 # `make test SGLANG_RELEASES=all` runs every supported one.
 SGLANG_RELEASES ?= ci
-# SGLang-backed test sessions run side by side: each is mostly one process importing SGLang at
-# a time, so two keep both cores of the 2-core CI machine busy.
-SGLANG_TEST_JOBS ?= 2
+# SGLang-backed test sessions run side by side: a session alternates between importing SGLang
+# (one core) and waiting on its nodes (idle schedulers sleep), so the two releases' sessions
+# and the rebuilt wheel's together keep the 2-core CI machine busy.
+SGLANG_TEST_JOBS ?= 3
 
 .PHONY: venv build-dev wheel install lint rust-check python-lint type-check stub-check test \
 	test-unit test-registered \

@@ -11,10 +11,11 @@ The test sends real ``GET /server_info`` and ``GET /get_server_info`` (the depre
 requests. The plugin installs the route's transform when the launch starts (0.5.19-0.5.21:
 the route is rebound to the core builder; 0.5.22+: SGLang's ``build_server_info`` is replaced
 and the route rebound to redact the extras upstream adds after it). The node runs with
-``SGLANG_SIDECAR_OVERLAY_LEGACY_DP_SIZE=1``, so HTTP must report attention DP as ``dp_size=2``
-on every release (0.5.22+ report 1 without it). Secret scanning of every field and of both
-nodes' logs is ``security/test_planted_secrets.py``'s; here one planted secret checks that the
-alias is redacted too and that the non-secret parts of ``internal_states`` survive redaction.
+``SGLANG_SIDECAR_OVERLAY_LEGACY_DP_SIZE=1`` (and the series' name for it), so HTTP must report
+attention DP as ``dp_size=2`` on every release (0.5.22+ report 1 without it). Secret scanning
+of every field and of both nodes' logs is ``security/test_planted_secrets.py``'s; here one
+planted secret checks that the alias is redacted too and that the non-secret parts of
+``internal_states`` survive redaction.
 On 0.5.19-0.5.21 the schedulers' sources reach the engine past the DP controller through the
 overlay's side channel, a private directory removed once the node is ready.
 """
@@ -27,13 +28,13 @@ import unittest
 from pathlib import Path
 
 import jsonschema
-from overlay_harness import nodes, probes
+from overlay_harness import differences, nodes, probes
 from overlay_harness.group import EngineGroup
 from overlay_harness.testcase import NodesTestCase
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang_sidecar_overlay import releases
 from sglang_sidecar_overlay.adapters._side_channel import SOURCES_DIR_ENV
-from sglang_sidecar_overlay.contract import schema, server_info
+from sglang_sidecar_overlay.contract import schema
 from sglang_sidecar_overlay.contract.redaction import REDACTED
 
 register_cpu_ci(est_time=45, suite="base-a-test-cpu")
@@ -56,7 +57,7 @@ class TestHttpServerInfo(NodesTestCase):
         launch = cls.group.launch(
             0,
             extra=["--hicache-storage-backend-extra-config", json.dumps(EXTRA_CONFIG)],
-            env={server_info.LEGACY_DP_SIZE_ENV: "1"},
+            env=differences.dp_size_switch(True),
         )
         cls.leader = nodes.Node(launch, Path(cls.workdir), "leader")
         try:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 
+from sglang_sidecar_overlay.contract.server_info import LEGACY_DP_SIZE_ENV
+
 SIDE_ENV = "SGLANG_OVERLAY_TEST_SIDE"
 REBUILT_WHEEL = "rebuilt-wheel"
 
@@ -19,6 +21,11 @@ FOLLOWER_HEALTH = 1
 # patches/DIFFERENCES.md #2: upstream's follower server does not log
 # "follower metadata server at <addr> is SERVING" / "stopped".
 FOLLOWER_SERVER_LOG_LINES = 2
+
+# patches/DIFFERENCES.md #3: the series names the dp_size switch differently; a test that sets
+# it sets both names, so no assertion differs.
+UPSTREAM_LEGACY_DP_SIZE_ENV = "SGLANG_SERVER_INFO_LEGACY_DP_SIZE"
+DP_SIZE_SWITCH_NAMES = (LEGACY_DP_SIZE_ENV, UPSTREAM_LEGACY_DP_SIZE_ENV)
 
 # patches/DIFFERENCES.md #5: the disaggregation test's plugin-less variant runs the engine's
 # own prefill sender, which the series fixes (patch 0005): 40/40 rooms, no failure to reproduce.
@@ -47,6 +54,11 @@ ALLOWED = frozenset(
         DYNAMO_ENDPOINT_ENV,
     }
 )
+
+
+def dp_size_switch(enabled: bool) -> dict[str, str]:
+    """The ``dp_size`` switch set under the plugin's and the series' names (#3)."""
+    return dict.fromkeys(DP_SIZE_SWITCH_NAMES, "1" if enabled else "0")
 
 
 def on_rebuilt_wheel() -> bool:

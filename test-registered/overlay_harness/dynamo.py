@@ -18,8 +18,6 @@ import sys
 import uuid
 from pathlib import Path
 
-from sglang_sidecar_overlay.contract.server_info import LEGACY_DP_SIZE_ENV
-
 from overlay_harness import differences, inside, netns, probes
 from overlay_harness.nodes import wait_for
 
@@ -34,9 +32,6 @@ TRANSPORT_ENV = {"DYN_DISCOVERY_BACKEND": "file", "DYN_REQUEST_PLANE": "tcp",
 WORKER_ENDPOINT = "dynamo.backend.generate"
 OVERLAP_SCORES = "dynamo.router.get_overlap_scores"
 ROUTER_GENERATE = "dynamo.router.generate"
-LEGACY_ENV = LEGACY_DP_SIZE_ENV
-# The same switch in the upstream patch series (patches/).
-UPSTREAM_LEGACY_ENV = "SGLANG_SERVER_INFO_LEGACY_DP_SIZE"
 # The leader's flag the released sidecar checks in server info.
 LEADER_ARGS = ["--incremental-streaming-output"]
 ROUTER_DEADLINE = 180.0
@@ -52,7 +47,7 @@ def consumer_environ(workdir: Path, *, legacy: bool | None) -> dict[str, str]:
         key: value
         for key, value in os.environ.items()
         if not key.startswith(("DYN_", "NATS_", "ETCD_"))
-        and key not in (LEGACY_ENV, UPSTREAM_LEGACY_ENV)
+        and key not in differences.DP_SIZE_SWITCH_NAMES
     }
     environ.update(
         TRANSPORT_ENV,
@@ -62,9 +57,9 @@ def consumer_environ(workdir: Path, *, legacy: bool | None) -> dict[str, str]:
         NO_COLOR="1",
     )
     if legacy is not None:
-        environ[LEGACY_ENV] = environ[UPSTREAM_LEGACY_ENV] = "1" if legacy else "0"
+        environ.update(differences.dp_size_switch(legacy))
     elif differences.differs(differences.DYNAMO_SWITCH_DEFAULT):
-        environ[UPSTREAM_LEGACY_ENV] = "1"
+        environ.update(differences.dp_size_switch(True))
     return environ
 
 
