@@ -31,6 +31,10 @@ Faults:
   --sidecar-max-restarts 2``: the supervisor gives up and SIGQUITs the server, which exits
   non-zero naming the sidecar.
 
+On the rebuilt wheel (``patches/DIFFERENCES.md``): a bad switch value is SGLang's warning and
+the default (#9), and a follower whose scheduler dies after its launch exits 0 (#11); the
+tests assert that there.
+
 Elsewhere: the follower's metadata port already taken (``entrypoints/test_follower_metadata``),
 a raising follower scheduler with a sidecar running (``contract/test_two_node_group``), the
 follower engine SIGKILLed under its sidecar (``security/test_planted_secrets``), SIGTERM with
@@ -47,7 +51,7 @@ import unittest
 from pathlib import Path
 from unittest import mock
 
-from overlay_harness import nodes
+from overlay_harness import differences, nodes
 from overlay_harness.checks import alive, report_fault
 from overlay_harness.group import EngineGroup
 from overlay_harness.scheduler_faults import FAULT_ENV
@@ -126,11 +130,29 @@ class TestLaunchFaults(NodesTestCase):
         node.wait_gone(CLEAN_DEADLINE)
         return time.monotonic() - failed_at
 
+    def assert_exited_0_and_clean(self, node: nodes.Node, event: dict, failed_at: float):
+        """The rebuilt wheel's follower: its launch returns and the node exits 0 (#11)."""
+        self.assertEqual(event["event"], "exited", node.log_tail())
+        node.proc.wait(timeout=CLEAN_DEADLINE)
+        self.assertEqual(node.proc.returncode, 0, node.log_tail())
+        node.wait_gone(CLEAN_DEADLINE)
+
     def test_a_bad_dp_size_switch_fails_the_leader_launch_before_its_schedulers(self):
         # The leader builds its reply per request; the switch is read when its launch starts.
         group = EngineGroup(1, ["--tp", "1"])
-        launch = group.launch(0, env={LEGACY_DP_SIZE_ENV: "maybe"})
+        env = dict.fromkeys(differences.DP_SIZE_SWITCH_NAMES, "maybe")
+        launch = group.launch(0, env=env)
         with nodes.running(launch, names=["leader"], log_dir=self.workdir) as (leader,):
+            if differences.differs(differences.SWITCH_VALUE_WARNS):
+                # SGLang's EnvBool: the reply is served with the default, and a warning.
+                leader.expect_ready()
+                self.assertEqual(leader.server_info()["dp_size"], 1)
+                self.assertIn(
+                    f'Invalid value for {differences.UPSTREAM_LEGACY_DP_SIZE_ENV}: "maybe" is not '
+                    "a valid boolean value",
+                    leader.log_text(),
+                )
+                return
             event = leader.ready()
             failed_at = time.monotonic()
             self.assertEqual(event["event"], "error", leader.log_tail())
@@ -170,6 +192,9 @@ class TestLaunchFaults(NodesTestCase):
                            log_dir=self.workdir) as (_leader, follower):  # fmt: skip
             event = follower.ready()
             failed_at = time.monotonic()
+            if differences.differs(differences.FOLLOWER_EXITS_0_ON_SCHEDULER_DEATH):
+                self.assert_exited_0_and_clean(follower, event, failed_at)
+                return
             self.assertEqual(event["event"], "error", follower.log_tail())
             self.assertRegex(
                 event["error"], r"scheduler process \d+ exited before the follower metadata", event
@@ -187,16 +212,15 @@ class TestLaunchFaults(NodesTestCase):
         with nodes.running(group.launch(0), group.launch(1), roles=[None, "blocking-follower"],
                            log_dir=self.workdir) as (leader, follower):  # fmt: skip
             leader.expect_ready()
-            nodes.wait_for(
-                lambda: follower.health() == nodes.SERVING or follower.proc.poll() is not None,
-                nodes.NODE_READY_DEADLINE,
-                "the follower metadata server to be SERVING",
-            )
+            follower.wait_serving()
             self.assertIsNone(follower.proc.poll(), follower.log_tail())
             (scheduler,) = spawned_children(follower.proc.pid)
             os.kill(scheduler, signal.SIGKILL)
             killed_at = time.monotonic()
             event = follower.ready(timeout=CLEAN_DEADLINE)
+            if differences.differs(differences.FOLLOWER_EXITS_0_ON_SCHEDULER_DEATH):
+                self.assert_exited_0_and_clean(follower, event, killed_at)
+                return
             self.assertEqual(event["event"], "error", event)
             self.assertIn(f"scheduler process {scheduler} (signal SIGKILL)", event["error"])
             clean = self.assert_failed_and_clean(follower, killed_at)
@@ -212,8 +236,9 @@ class TestLaunchFaults(NodesTestCase):
         launch = group.launch(0, sidecar=DUMP_PROVIDER, sidecar_args=["--dump", str(dump)])
         with nodes.running(launch, names=["leader"], log_dir=self.workdir) as (leader,):
             leader.expect_ready()
-            # The line the bad-switch test expects absent is there in a launch that starts.
-            self.assertIn("node launch incarnation", leader.log_text())
+            if not differences.differs(differences.PLUGIN_LOG_LINES):
+                # The line the bad-switch test expects absent is there in a launch that starts.
+                self.assertIn("node launch incarnation", leader.log_text())
             path = nodes.wait_for(
                 lambda: sorted(dump.parent.glob(f"{dump.name}.*[0-9].json")),
                 240,

@@ -18,9 +18,10 @@ REBUILT_WHEEL = "rebuilt-wheel"
 # patches/DIFFERENCES.md #1: upstream's follower server (Rust, not in the wheel) has no
 # grpc.health.v1; a Check on its port is UNIMPLEMENTED.
 FOLLOWER_HEALTH = 1
-# patches/DIFFERENCES.md #2: upstream's follower server does not log
-# "follower metadata server at <addr> is SERVING" / "stopped".
-FOLLOWER_SERVER_LOG_LINES = 2
+# patches/DIFFERENCES.md #2: the plugin's own log lines are absent (its follower server's
+# "... is SERVING" / "stopped", the launch's "node launch incarnation ..."); the series logs
+# through SGLang's loggers, its supervisor's lines worded upstream's way ("Sidecar module X ...").
+PLUGIN_LOG_LINES = 2
 
 # patches/DIFFERENCES.md #3: the series names the dp_size switch differently; a test that sets
 # it sets both names, so no assertion differs.
@@ -44,14 +45,30 @@ FOLLOWER_SIGQUIT_STOP = 7
 # sidecar passes --grpc-endpoint there.
 DYNAMO_ENDPOINT_ENV = 8
 
+# patches/DIFFERENCES.md #9: the series reads the dp_size switch as SGLang reads every switch
+# (EnvBool): a bad value is a warning and the default, not a failed launch.
+SWITCH_VALUE_WARNS = 9
+
+# patches/DIFFERENCES.md #10: the series detects conflicting sources where upstream aggregates
+# them, in the follower's DP controller, whose exception takes the node down through SGLang's
+# SIGQUIT path (the node is SIGKILLed, the error is in its log, not a launch error).
+CONFLICT_IN_DP_CONTROLLER = 10
+
+# patches/DIFFERENCES.md #11: a follower whose scheduler dies after its launch exits 0:
+# upstream's blocking follower branch joins its schedulers, logs and returns.
+FOLLOWER_EXITS_0_ON_SCHEDULER_DEATH = 11
+
 ALLOWED = frozenset(
     {
         FOLLOWER_HEALTH,
-        FOLLOWER_SERVER_LOG_LINES,
+        PLUGIN_LOG_LINES,
         ENGINE_BOOTSTRAP_RANK,
         DYNAMO_SWITCH_DEFAULT,
         FOLLOWER_SIGQUIT_STOP,
         DYNAMO_ENDPOINT_ENV,
+        SWITCH_VALUE_WARNS,
+        CONFLICT_IN_DP_CONTROLLER,
+        FOLLOWER_EXITS_0_ON_SCHEDULER_DEATH,
     }
 )
 
@@ -59,6 +76,13 @@ ALLOWED = frozenset(
 def dp_size_switch(enabled: bool) -> dict[str, str]:
     """The ``dp_size`` switch set under the plugin's and the series' names (#3)."""
     return dict.fromkeys(DP_SIZE_SWITCH_NAMES, "1" if enabled else "0")
+
+
+def sidecar_exit_line(module: str, how: str) -> str:
+    """The supervisor's log line for ``module`` having ``how`` (``exited with code 1``)."""
+    if differs(PLUGIN_LOG_LINES):
+        return f"Sidecar module {module} {how}"
+    return f"sidecar {module!r} {how}"
 
 
 def on_rebuilt_wheel() -> bool:

@@ -29,6 +29,9 @@ they are upstream's (its ``server_args=`` line prints every field). Positive con
 planted named field is served as ``<redacted>``, and ``launch_command`` is served (redacted)
 where the release sets it.
 
+On the rebuilt wheel the series' own modules' loggers (``sglang.srt.entrypoints.sidecar``,
+``sglang.srt.utils.server_info``) are the ones scanned with 0 canaries allowed.
+
 The same launch then serves two more checks: ``sglang-sidecar-overlay probe`` on the follower
 (the ``dp_size`` switch off, as by default for this provider) says why a released consumer
 rejects it on 0.5.22+, and the follower's engine process SIGKILLed takes its sidecar's shim and
@@ -50,7 +53,7 @@ import unittest
 from pathlib import Path
 
 import msgspec
-from overlay_harness import nodes, probes
+from overlay_harness import differences, nodes, probes
 from overlay_harness.checks import alive, report_fault
 from overlay_harness.group import EngineGroup
 from sglang.srt.server_args import ServerArgs
@@ -63,7 +66,13 @@ register_cpu_ci(est_time=46, suite="base-a-test-cpu")
 
 RELEASE = releases.installed_sglang_version() or ""
 PROVIDER = "security.sidecar_dump"
-OVERLAY_LOGGER = "sglang_sidecar_overlay"
+# The loggers of the code under test, scanned with 0 canaries allowed: the plugin's, or on the
+# rebuilt wheel the series' modules (it logs through SGLang's loggers: DIFFERENCES.md #2).
+OVERLAY_LOGGERS = (
+    ("sglang.srt.entrypoints.sidecar", "sglang.srt.utils.server_info")
+    if differences.differs(differences.PLUGIN_LOG_LINES)
+    else ("sglang_sidecar_overlay",)
+)
 LINE_MARK = "@@"
 DUMP_DEADLINE = 240.0
 CLEAN_DEADLINE = 60.0
@@ -85,7 +94,7 @@ LOGGING_CONFIG = {
         }
     },
     "root": {"level": "INFO", "handlers": ["stderr"]},
-    "loggers": {OVERLAY_LOGGER: {"level": "DEBUG"}},
+    "loggers": {name: {"level": "DEBUG"} for name in OVERLAY_LOGGERS},
 }
 
 
@@ -350,7 +359,7 @@ class TestPlantedSecrets(CustomTestCase):
         for line in path.read_text(errors="replace").splitlines():
             if line.startswith(LINE_MARK) and LINE_MARK in line[len(LINE_MARK) :]:
                 name = line[len(LINE_MARK) :].split(LINE_MARK, 1)[0]
-                is_overlay = name == OVERLAY_LOGGER or name.startswith(f"{OVERLAY_LOGGER}.")
+                is_overlay = any(name == n or name.startswith(f"{n}.") for n in OVERLAY_LOGGERS)
                 (overlay if is_overlay else upstream).append(line)
             else:
                 unclaimed.append(line)

@@ -22,7 +22,7 @@ import sys
 import unittest
 from unittest import mock
 
-from overlay_harness import dynamo, kv_events, nodes
+from overlay_harness import differences, dynamo, kv_events, nodes
 from overlay_harness.group import PAGE_SIZE, TINY_MODEL, EngineGroup
 from overlay_harness.testcase import NodesTestCase
 from sglang.test.ci.ci_register import register_cpu_ci
@@ -103,8 +103,9 @@ class TestDynamoSwitchOff(NodesTestCase):
                 STOP_DEADLINE,
                 "the follower's sidecar to refuse rank 1",
             )  # fmt: skip
+            refusal_exit = differences.sidecar_exit_line(dynamo.DYNAMO, "exited with code 1")
             nodes.wait_for(
-                lambda: f"sidecar '{dynamo.DYNAMO}' exited with code 1" in follower.log_text(),
+                lambda: refusal_exit in follower.log_text(),
                 STOP_DEADLINE,
                 "the supervisor to see the refusal",
             )
