@@ -9,6 +9,7 @@ a ``--sidecar`` that checks ranks against ``dp_size``). Upstream bodies (0.5.22+
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from collections.abc import Iterable, Mapping
@@ -22,6 +23,7 @@ from sglang_sidecar_overlay.contract.server_info import (
     LEGACY_DP_SIZE_ENV,
     build_server_info,
     legacy_dp_size_enabled,
+    render_server_info,
     to_jsonable,
 )
 
@@ -81,6 +83,20 @@ def node_server_info(server_args: Any, scheduler_info: Mapping[str, Any]) -> dic
         ),
         legacy_dp_size=legacy_dp_size(args),
     )
+
+
+def leader_grpc_reply(upstream_reply: str, server_args: Any, scheduler_info: Mapping) -> str:
+    """The 0.5.22+ leader's ``json_info``: upstream's ``GetServerInfo`` text with the core's
+    object in place of upstream's builder's.
+
+    The core's object gets SGLang's watermark redaction, as upstream's reply applies it over
+    its builder; the keys upstream adds after its builder (0.5.23: ``grpc_features``) are
+    kept, redacted like the rest.
+    """
+    core = _sglang.redact_watermark_secrets(node_server_info(server_args, scheduler_info))
+    upstream = json.loads(upstream_reply)
+    extras = {key: value for key, value in upstream.items() if key not in core}
+    return render_server_info({**core, **redact(to_jsonable(extras))})
 
 
 def rebuild_server_info(upstream: Mapping[str, Any]) -> dict:

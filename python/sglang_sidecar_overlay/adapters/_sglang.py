@@ -98,6 +98,13 @@ def kv_publisher_bounds(server_args: Any) -> dict[str, int]:
     }
 
 
+def redact_watermark_secrets(value: Any) -> Any:
+    """SGLang's own watermark redaction, as its replies apply it over its builder's object."""
+    from sglang.srt.sampling.watermarking.core import redact_watermark_secrets
+
+    return redact_watermark_secrets(value)
+
+
 def reap(procs: Iterable[Any]) -> None:
     """Kill a launch's scheduler (or DP-controller) process trees after a failed start."""
     from sglang.srt.utils import kill_process_tree

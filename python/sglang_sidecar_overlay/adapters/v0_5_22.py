@@ -13,11 +13,13 @@ redaction, legacy ``dp_size`` switch, health):
   is loaded) is rebound to redact the whole body: upstream adds the schedulers'
   ``internal_states`` (every resolved server arg, only watermark secrets redacted) after the
   builder ran;
-- ``RuntimeHandle.get_server_info`` (native gRPC ``GetServerInfo`` on the leader): upstream's
-  reply (the core builder's, redacted, plus ``grpc_features``) built on the first call and
-  served as cached text for the rest of the launch. Everything in it is fixed at launch:
-  ``resolved_dict()`` reads the server args record, not the config overrides a weight update
-  records, the ready info is the launch's, and the media features come from the model;
+- ``RuntimeHandle.get_server_info`` (native gRPC ``GetServerInfo`` on the leader): the core
+  builder's object for the handle's server args and ready info, with SGLang's watermark
+  redaction and the keys upstream's reply adds after its builder (0.5.23: ``grpc_features``),
+  built on the first call and served as cached text for the rest of the launch. Everything in
+  it is fixed at launch: ``resolved_dict()`` reads the server args record, not the config
+  overrides a weight update records, the ready info is the launch's, and the media features
+  come from the model;
 - ``sglang.srt.utils.common.start_follower_grpc_server``: the native follower server with
   grpc.health.v1, bound to the node's scheduler processes; upstream's follower branch still
   reaps the schedulers when it raises and stops it on exit and in ``Engine.shutdown``;
@@ -95,12 +97,19 @@ def around_start_follower(
 
 
 def around_leader_server_info(original: Any, handle: Any, *args: Any, **kwargs: Any) -> str:
-    """The leader's ``json_info``: upstream's reply, built once per launch, then cached text."""
+    """The leader's ``json_info``: the core's, with upstream's extras, built once per launch,
+    then cached text."""
     if _sglang.rust_server_enabled():
         return original(handle, *args, **kwargs)
     cached = getattr(handle, LEADER_JSON_ATTR, None)
     if cached is None:
-        cached = original(handle, *args, **kwargs)
+        from sglang_sidecar_overlay.adapters import _server_info
+
+        cached = _server_info.leader_grpc_reply(
+            original(handle, *args, **kwargs),
+            handle.tokenizer_manager.server_args,
+            handle.scheduler_info,
+        )
         setattr(handle, LEADER_JSON_ATTR, cached)
     return cached
 
