@@ -8,14 +8,14 @@ SGLang's real DP controller, whose schedulers answer the route's ``GetInternalSt
 SGLang's own ``get_internal_state`` (each DP group's resolved server args and live counters).
 
 The test sends real ``GET /server_info`` and ``GET /get_server_info`` (the deprecated alias)
-requests. The plugin installs the route's transform when the launch starts (0.5.19-0.5.21:
-the route is rebound to the core builder; 0.5.22+: SGLang's ``build_server_info`` is replaced
-and the route rebound to redact the extras upstream adds after it). The node runs with
-``SGLANG_SIDECAR_OVERLAY_LEGACY_DP_SIZE=1`` (and the series' name for it), so HTTP must report
-attention DP as ``dp_size=2`` on every release (0.5.22+ report 1 without it). Secret scanning
-of every field and of both nodes' logs is ``security/test_planted_secrets.py``'s; here one
-planted secret checks that the alias is redacted too and that the non-secret parts of
-``internal_states`` survive redaction.
+requests. The plugin installs the route's transform when the launch starts: on every release
+the route is rebound to pass upstream's body through the core builder (0.5.22+: with the
+node's publisher bounds, which upstream's sources lack; SGLang's own ``build_server_info`` is
+not hooked). The node runs with ``SGLANG_SIDECAR_OVERLAY_LEGACY_DP_SIZE=1`` (and the series'
+name for it), so HTTP must report attention DP as ``dp_size=2`` on every release (0.5.22+
+report 1 without it). Secret scanning of every field and of both nodes' logs is
+``security/test_planted_secrets.py``'s; here one planted secret checks that the alias is
+redacted too and that the non-secret parts of ``internal_states`` survive redaction.
 On 0.5.19-0.5.21 the schedulers' sources reach the engine past the DP controller through the
 overlay's side channel, a private directory removed once the node is ready.
 """
@@ -47,6 +47,7 @@ SIDE_CHANNEL = releases.adapter_for(releases.installed_sglang_version() or "0") 
 )
 CANARY = "c4a9f1e2b3d4e5f60013"
 EXTRA_CONFIG = {"secret_key": CANARY, "prefix": "overlay-http"}
+BOUNDS = ("replay_buffer_steps", "hwm", "max_queue_size")
 
 
 class TestHttpServerInfo(NodesTestCase):
@@ -94,6 +95,8 @@ class TestHttpServerInfo(NodesTestCase):
                     [s["endpoint"] for s in sources],
                     [f"tcp://127.0.0.1:{self.group.kv_base + r}" for r in (0, 1)],
                 )
+                for source in sources:
+                    self.assertTrue(all(isinstance(source.get(b), int) for b in BOUNDS), source)
                 self.assertEqual(info["kv_event_rank_space"]["size"], 2)
                 self.assertEqual(info["kv_event_rank_space"]["local_ranks"], [0, 1])
                 # The same launch's core object as native gRPC GetServerInfo serves.

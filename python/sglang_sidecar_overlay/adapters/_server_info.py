@@ -3,8 +3,9 @@
 SGLang's resolved server args, ready info and KV-events descriptor become plain data here and
 go to the one builder (``contract.server_info.build_server_info``) with the launch's
 incarnation, the node's publisher bounds and the legacy ``dp_size`` switch (on by default for
-a ``--sidecar`` that checks ranks against ``dp_size``). Upstream bodies (0.5.22+ HTTP
-``/server_info``) are passed through the builder, or only redacted, by the functions below.
+a ``--sidecar`` that checks ranks against ``dp_size``). Upstream's own replies are turned into
+the builder's by the functions below: an HTTP ``/server_info`` body is passed through the
+builder, and the 0.5.22+ leader's gRPC reply keeps only what upstream adds after its builder.
 """
 
 from __future__ import annotations
@@ -79,7 +80,8 @@ def node_server_info(server_args: Any, scheduler_info: Mapping[str, Any]) -> dic
         launch_command=getattr(server_args, "launch_command", None),
         kv_events=_sglang.kv_events_descriptor(server_args),
         kv_event_sources=with_publisher_bounds(
-            scheduler_info.get("kv_event_sources") or [], _sglang.kv_publisher_bounds(server_args)
+            scheduler_info.get("kv_event_sources") or [],
+            _sglang.kv_publisher_bounds(getattr(server_args, "kv_events_config", None)),
         ),
         legacy_dp_size=legacy_dp_size(args),
     )
@@ -99,19 +101,30 @@ def leader_grpc_reply(upstream_reply: str, server_args: Any, scheduler_info: Map
     return render_server_info({**core, **redact(to_jsonable(extras))})
 
 
-def rebuild_server_info(upstream: Mapping[str, Any]) -> dict:
-    """Run an upstream server-info body through the core builder, keeping its extras."""
+def rebuild_server_info(
+    upstream: Mapping[str, Any], publisher_bounds: Mapping[str, int] | None = None
+) -> dict:
+    """Run an upstream server-info body through the core builder, keeping its extras (the
+    whole body redacted); ``publisher_bounds`` fill in what its sources do not report."""
+    sources = upstream.get("kv_event_sources") or []
+    if publisher_bounds:
+        sources = with_publisher_bounds(sources, publisher_bounds)
     return build_server_info(
         upstream,
         {},
         incarnation=launch_incarnation(),
         launch_command=upstream.get("launch_command"),
         kv_events=upstream.get("kv_events"),
-        kv_event_sources=upstream.get("kv_event_sources") or [],
+        kv_event_sources=sources,
         legacy_dp_size=legacy_dp_size(upstream),
     )
 
 
-def redacted_body(upstream: Mapping[str, Any]) -> dict:
-    """An upstream body already built by the core, its extras (``internal_states``) redacted."""
-    return redact(to_jsonable(upstream))
+def rebuild_with_node_bounds(upstream: Mapping[str, Any]) -> dict:
+    """A 0.5.22+ body through the core builder, its sources given the node's publisher bounds.
+
+    Upstream's schedulers describe their sources without the bounds; the body carries the
+    resolved ``kv_events_config`` every publisher of the node was built from.
+    """
+    bounds = _sglang.kv_publisher_bounds(upstream.get("kv_events_config"))
+    return rebuild_server_info(upstream, bounds)

@@ -72,14 +72,14 @@ def kv_events_descriptor(server_args: Any) -> Any:
     return describe_kv_events_publisher(server_args)
 
 
-def kv_publisher_bounds(server_args: Any) -> dict[str, int]:
-    """The bounds every ZMQ publisher of this node is built with, from ``--kv-events-config``.
+def kv_publisher_bounds(raw: Any) -> dict[str, int]:
+    """The bounds every ZMQ publisher of this node is built with, from ``--kv-events-config``
+    (``raw``: the server arg's value, JSON text or a mapping).
 
     Parsed by SGLang's own ``KVEventsConfig``, whose fields ``EventPublisherFactory`` passes
     to each ``ZmqEventPublisher`` (unset ones at the config's defaults); mapped the way the
     publisher applies them. ``{}`` without a config or for another publisher kind.
     """
-    raw = getattr(server_args, "kv_events_config", None)
     if not raw:
         return {}
     from sglang.srt.disaggregation.kv_events import KVEventsConfig

@@ -5,14 +5,6 @@ nothing is hooked there. What is replaced, through SGLang's ``HookRegistry``, so
 release gives the same contract (core aggregation and conflict checks, rank space,
 redaction, legacy ``dp_size`` switch, health):
 
-- ``sglang.srt.utils.common.build_server_info``: the core builder, for the leader's gRPC
-  ``GetServerInfo`` and HTTP ``/server_info`` alike (upstream's propagation fixes the
-  ``from … import`` copies in ``grpc_bridge`` and ``http_server``); HTTP stays per request,
-  because upstream merges live values (``internal_states``) into that body;
-- not a hook: when the launch starts, ``http_server``'s ``/server_info`` route (if that module
-  is loaded) is rebound to redact the whole body: upstream adds the schedulers'
-  ``internal_states`` (every resolved server arg, only watermark secrets redacted) after the
-  builder ran;
 - ``RuntimeHandle.get_server_info`` (native gRPC ``GetServerInfo`` on the leader): the core
   builder's object for the handle's server args and ready info, with SGLang's watermark
   redaction and the keys upstream's reply adds after its builder (0.5.23: ``grpc_features``),
@@ -20,13 +12,20 @@ redaction, legacy ``dp_size`` switch, health):
   it is fixed at launch: ``resolved_dict()`` reads the server args record, not the config
   overrides a weight update records, the ready info is the launch's, and the media features
   come from the model;
+- not a hook: when the launch starts, ``http_server``'s ``/server_info`` route (if that module
+  is loaded) is rebound to pass upstream's body through the core builder, per request,
+  because upstream merges live values (``internal_states``: every resolved server arg, only
+  watermark secrets redacted) into that body; the whole body comes out redacted, its sources
+  with the node's publisher bounds. SGLang's module-level ``build_server_info`` is not
+  hooked: the registry walks every loaded module after patching a module-level function
+  (``_hooks``), and its two leader callers are reached through a method and the route;
 - ``sglang.srt.utils.common.start_follower_grpc_server``: the native follower server with
   grpc.health.v1, bound to the node's scheduler processes; upstream's follower branch still
   reaps the schedulers when it raises and stops it on exit and in ``Engine.shutdown``;
 - ``Engine._launch_scheduler_processes``: the one hook ``load_plugins()`` registers in the
   engine process (``_hooks``). It begins the launch's incarnation, installs the hooks above
-  that the node's role needs (the builder, with native gRPC the cached ``GetServerInfo``, and
-  with ``--sidecar`` the leader sidecar on the leader; the follower server on a native-gRPC
+  that the node's role needs (with native gRPC the cached ``GetServerInfo`` and with
+  ``--sidecar`` the leader sidecar on the leader; the follower server on a native-gRPC
   follower), tells the schedulers it spawns which hooks they need, and records the launch's
   processes for the follower server. On a follower, its ``block_until_scheduler_exits`` fails
   the node when a scheduler crashed (upstream joins, logs and returns, so the node would exit
@@ -45,7 +44,6 @@ from typing import Any
 
 from sglang_sidecar_overlay.adapters import _disagg_dp_rank, _hooks, _launch, _sglang
 
-BUILD_SERVER_INFO = "sglang.srt.utils.common.build_server_info"
 START_FOLLOWER = "sglang.srt.utils.common.start_follower_grpc_server"
 LEADER_SERVER_INFO = "sglang.srt.entrypoints.grpc_bridge.RuntimeHandle.get_server_info"
 LEADER_JSON_ATTR = "_sidecar_overlay_server_info_json"
@@ -72,16 +70,6 @@ class CurrentLaunch:
 
 
 current_launch = CurrentLaunch()
-
-
-def around_build_server_info(
-    original: Any, server_args: Any, scheduler_info: Any, *args: Any, **kwargs: Any
-) -> dict:
-    if _sglang.rust_server_enabled():
-        return original(server_args, scheduler_info, *args, **kwargs)
-    from sglang_sidecar_overlay.adapters import _server_info
-
-    return _server_info.node_server_info(server_args, scheduler_info)
 
 
 def around_start_follower(
@@ -120,12 +108,11 @@ def launch_groups() -> list[str]:
         return ["follower"] if _sglang.native_grpc_enabled() else []
     module, _ = _sglang.sidecar_config()
     grpc = ["leader_grpc"] if _sglang.native_grpc_enabled() else []
-    return ["leader", *grpc, *(["leader_sidecar"] if module else [])]
+    return [*grpc, *(["leader_sidecar"] if module else [])]
 
 
 def _launch_hooks(names: list[str]) -> dict[str, tuple[_hooks.Hook, ...]]:
     groups = {
-        "leader": (_hooks.Hook(BUILD_SERVER_INFO, around_build_server_info, "AROUND"),),
         "leader_grpc": (_hooks.Hook(LEADER_SERVER_INFO, around_leader_server_info, "AROUND"),),
         "follower": (_hooks.Hook(START_FOLLOWER, around_start_follower, "AROUND"),),
     }
@@ -134,14 +121,13 @@ def _launch_hooks(names: list[str]) -> dict[str, tuple[_hooks.Hook, ...]]:
 
 def install_launch_hooks(names: list[str] | None = None) -> list[str]:
     """Install the hooks this node's launch needs (``names``: :func:`launch_groups`) and
-    rebind the HTTP ``/server_info`` route to redact its whole body if ``http_server`` is
-    loaded.
+    rebind the HTTP ``/server_info`` route to the core builder if ``http_server`` is loaded.
 
     Idempotent per process; returns the groups it added.
     """
     from sglang_sidecar_overlay.adapters import _http_route, _server_info
 
-    _http_route.rebind_loaded_server_info_route(_server_info.redacted_body)
+    _http_route.rebind_loaded_server_info_route(_server_info.rebuild_with_node_bounds)
     names = launch_groups() if names is None else names
     return _hooks.installed.install(_launch_hooks(names), names)
 
