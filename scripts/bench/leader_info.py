@@ -50,8 +50,9 @@ def render(results: dict[str, Any]) -> list[str]:
         *lines,
         "SGLang's real `RuntimeHandle.get_server_info` on a leader's launch-time state (a "
         f"{li['bytes']}-byte reply, two KV sources), called back to back in one process: "
-        "rebuilt on every call through the overlay's builder hook (the path before the reply "
-        "was cached) vs the overlay's cached text, five alternating rounds.",
+        "built on every call by the overlay's hook, its cached text dropped before each call "
+        "(the path before the reply was cached) vs the overlay's cached text, five "
+        "alternating rounds.",
         "",
         "| path | median µs/call | max µs/call |",
         "|---|---:|---:|",

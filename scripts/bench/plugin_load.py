@@ -48,8 +48,7 @@ def leader_launch() -> float:
 
     adapter = importlib.import_module(plugin.installed_adapter() or "")
     _server_info.begin_node_launch()
-    leader = ["leader"] if hasattr(adapter, "BUILD_SERVER_INFO") else []
-    adapter.install_launch_hooks([*leader, "leader_grpc"])
+    adapter.install_launch_hooks(["leader_grpc"])
     return time.perf_counter() - started
 
 
