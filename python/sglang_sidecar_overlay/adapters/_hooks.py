@@ -5,7 +5,10 @@ walks every loaded module to rebind ``from … import`` copies (about 20 ms per 
 engine process holding ~6,000 modules, on every supported release; methods of classes are
 walked too, and the registry offers no way to skip the walk). That walk is nearly all of the
 plugin's cost, so the adapters hook as few targets per process as its role needs, and import
-only what a hook needs when it runs:
+only what a hook needs when it runs. Where a method and a module-level function would do,
+they hook the method: the upstream series' patch 0006 skips the walk for targets owned by a
+class (no ``from … import`` copy of a method exists), so a launch that hooks only methods
+walks nothing there.
 
 - **Engine process**, at ``load_plugins()``: one hook, on
   ``Engine._launch_scheduler_processes``. When a launch starts, SGLang has published the
