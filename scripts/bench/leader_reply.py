@@ -32,7 +32,7 @@ def leader_handle(harness: Path) -> tuple[Any, Any]:
     from sglang.srt.plugins import load_plugins
     from sglang.srt.server_args import prepare_server_args
     from sglang_sidecar_overlay import plugin
-    from sglang_sidecar_overlay.adapters import _server_info
+    from sglang_sidecar_overlay.adapters import _launch
 
     kv = json.dumps({"publisher": "zmq", "endpoint": "tcp://*:45557", "topic": ""})
     server_args = prepare_server_args(
@@ -42,7 +42,7 @@ def leader_handle(harness: Path) -> tuple[Any, Any]:
     server_args.resolve_once()
     load_plugins()
     adapter = importlib.import_module(plugin.installed_adapter() or "")
-    _server_info.begin_node_launch()
+    _launch.begin_node_launch()
     sources = [
         {"dp_rank": r, "endpoint": f"tcp://127.0.0.1:{45557 + r}", "topic": "", "block_size": 1}
         for r in range(2)

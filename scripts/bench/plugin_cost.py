@@ -115,9 +115,10 @@ def render(results: dict[str, Any]) -> list[str]:
         "process holds at that point (engine, HTTP server, scheduler, KV events, ...), allowed "
         "to load this plugin (`SGLANG_PLUGINS=sidecar_overlay`) vs allow-listing nothing; then "
         "what the overlay's launch step adds on a leader (native gRPC, no `--sidecar`: the "
-        "builder imported, the launch's incarnation begun, its hooks applied). Both sides run "
-        "the same plugin; the rebuilt wheel's `HookRegistry` skips the module walk for targets "
-        "owned by a class (patch 0006). Medians, ms:",
+        "launch's incarnation begun, its hooks applied, the HTTP route rebound; the builder is "
+        "imported by the first reply, not here). Both sides run the same plugin; the rebuilt "
+        "wheel's `HookRegistry` skips the module walk for targets owned by a class (patch "
+        "0006). Medians, ms:",
         "",
         f"| step | {header} |",
         "|---|" + "---:|" * len(measured),

@@ -41,13 +41,13 @@ ENGINE_MODULES = (
 
 def leader_launch() -> float:
     """Seconds the overlay's launch hook adds on a leader (native gRPC, no ``--sidecar``): the
-    builder imported, the launch's incarnation begun, its hooks applied."""
+    launch's incarnation begun, its hooks applied, the HTTP route rebound."""
     started = time.perf_counter()
     from sglang_sidecar_overlay import plugin
-    from sglang_sidecar_overlay.adapters import _server_info
+    from sglang_sidecar_overlay.adapters import _launch
 
     adapter = importlib.import_module(plugin.installed_adapter() or "")
-    _server_info.begin_node_launch()
+    _launch.begin_node_launch()
     adapter.install_launch_hooks(["leader_grpc"])
     return time.perf_counter() - started
 

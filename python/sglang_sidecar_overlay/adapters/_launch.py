@@ -1,17 +1,20 @@
 """What both adapter generations do the same way at ``load_plugins()`` and when a launch starts.
 
 ``process_registration`` is an adapter's ``register``: the one launch hook in the engine
-process, the exported child groups elsewhere (``_hooks``). ``with_leader_sidecar`` adds the
-``--sidecar`` group to a launch's hook groups only when the launch asks for it, importing the
-supervisor only then.
+process, the exported child groups elsewhere (``_hooks``). ``begin_node_launch`` is the first
+thing that hook does. ``with_leader_sidecar`` adds the ``--sidecar`` group to a launch's hook
+groups only when the launch asks for it, importing the supervisor only then.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from sglang_sidecar_overlay.adapters._hooks import Hook, child_groups, register
+
+logger = logging.getLogger(__name__)
 
 # The one target the engine process hooks at load_plugins(), on every supported release.
 LAUNCH_SCHEDULERS = "sglang.srt.entrypoints.engine.Engine._launch_scheduler_processes"
@@ -32,6 +35,22 @@ def process_registration(
             register(registry, hook_type, child_hooks[name])
 
     return register_hooks
+
+
+def begin_node_launch(sidecar: str | None = None) -> None:
+    """A new incarnation for this launch of the node; called before its schedulers start.
+
+    The ``dp_size`` switch is read here first, so a bad value fails the launch before any
+    scheduler starts, on the leader too (whose reply is otherwise built on a first call).
+    Only the switch and the incarnation are imported here: the builder is imported where a
+    reply is first built, not on every launch's path.
+    """
+    from sglang_sidecar_overlay.contract.incarnation import begin_launch
+    from sglang_sidecar_overlay.contract.legacy_dp_size import legacy_dp_size_enabled
+
+    legacy_dp_size_enabled(sidecar=sidecar)
+    incarnation = begin_launch()
+    logger.info("node launch incarnation %s", incarnation.id)
 
 
 def with_leader_sidecar(

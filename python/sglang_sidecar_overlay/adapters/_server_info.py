@@ -18,7 +18,7 @@ from typing import Any
 
 from sglang_sidecar_overlay.adapters import _sglang
 from sglang_sidecar_overlay.adapters._publisher import with_publisher_bounds
-from sglang_sidecar_overlay.contract.incarnation import begin_launch, launch_incarnation
+from sglang_sidecar_overlay.contract.incarnation import launch_incarnation
 from sglang_sidecar_overlay.contract.redaction import redact
 from sglang_sidecar_overlay.contract.server_info import (
     LEGACY_DP_SIZE_ENV,
@@ -29,16 +29,6 @@ from sglang_sidecar_overlay.contract.server_info import (
 )
 
 logger = logging.getLogger(__name__)
-
-
-def begin_node_launch(sidecar: str | None = None) -> None:
-    """A new incarnation for this launch of the node; called before its schedulers start.
-
-    The ``dp_size`` switch is read here first, so a bad value fails the launch before any
-    scheduler starts, on the leader too (whose reply is otherwise built per request)."""
-    legacy_dp_size_enabled(sidecar=sidecar)
-    incarnation = begin_launch()
-    logger.info("node launch incarnation %s", incarnation.id)
 
 
 def collected_sources(infos: Iterable[Mapping], extra: Iterable[Mapping] = ()) -> list[dict]:

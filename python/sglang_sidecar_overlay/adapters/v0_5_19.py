@@ -104,9 +104,7 @@ def _child_groups(server_args: Any) -> list[str]:
 
 
 def around_launch_schedulers(original: Any, cls: Any, server_args: Any, *args: Any, **kwargs):
-    from sglang_sidecar_overlay.adapters import _server_info
-
-    _server_info.begin_node_launch(getattr(server_args, "sidecar", None))
+    _launch.begin_node_launch(getattr(server_args, "sidecar", None))
     install_launch_hooks()
     if not _sglang.native_grpc_enabled():
         with _hooks.exported_child_groups(_child_groups(server_args)):

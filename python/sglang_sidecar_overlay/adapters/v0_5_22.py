@@ -40,6 +40,7 @@ bootstrap DP rank, the replica's under ordinary DP (``_disagg_dp_rank``, shared 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from sglang_sidecar_overlay.adapters import _disagg_dp_rank, _hooks, _launch, _sglang
@@ -125,17 +126,23 @@ def install_launch_hooks(names: list[str] | None = None) -> list[str]:
 
     Idempotent per process; returns the groups it added.
     """
-    from sglang_sidecar_overlay.adapters import _http_route, _server_info
+    from sglang_sidecar_overlay.adapters import _http_route
 
-    _http_route.rebind_loaded_server_info_route(_server_info.rebuild_with_node_bounds)
+    _http_route.rebind_loaded_server_info_route(rebuilt_server_info_body)
     names = launch_groups() if names is None else names
     return _hooks.installed.install(_launch_hooks(names), names)
 
 
-def around_launch_schedulers(original: Any, cls: Any, server_args: Any, *args: Any, **kwargs):
+def rebuilt_server_info_body(upstream: Mapping[str, Any]) -> dict:
+    """The rebound ``/server_info``'s transform: upstream's body through the core builder."""
+    # Imported at the first request, not when the launch rebinds the route.
     from sglang_sidecar_overlay.adapters import _server_info
 
-    _server_info.begin_node_launch(getattr(server_args, "sidecar", None))
+    return _server_info.rebuild_with_node_bounds(upstream)
+
+
+def around_launch_schedulers(original: Any, cls: Any, server_args: Any, *args: Any, **kwargs):
+    _launch.begin_node_launch(getattr(server_args, "sidecar", None))
     install_launch_hooks()
     children = ["prefill_sender"] if _disagg_dp_rank.prefill_node(server_args) else []
     with _hooks.exported_child_groups(children):
