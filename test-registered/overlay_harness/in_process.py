@@ -18,8 +18,7 @@ SOURCES = [
 
 def leader_with_launch_hooks(groups: list[str]) -> Any:
     """Resolved server args of an attention-DP leader of the harness' tiny model,
-    after loading the plugin and installing the launch-time hook ``groups`` (plus, on
-    0.5.22+, the builder hook every leader gets)."""
+    after loading the plugin and installing the launch-time hook ``groups``."""
     from sglang.srt.plugins.hook_registry import HookRegistry
     from sglang.srt.server_args import prepare_server_args
     from sglang_sidecar_overlay import plugin
@@ -35,6 +34,5 @@ def leader_with_launch_hooks(groups: list[str]) -> Any:
     plugin.load()
     HookRegistry.apply_hooks()
     adapter = importlib.import_module(plugin.installed_adapter() or "")
-    leader = ["leader"] if hasattr(adapter, "BUILD_SERVER_INFO") else []
-    adapter.install_launch_hooks([*leader, *groups])
+    adapter.install_launch_hooks(groups)
     return server_args
