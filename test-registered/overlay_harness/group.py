@@ -36,7 +36,11 @@ CPU_ARGS = (
     "--attention-backend", "torch_native",
     "--disable-cuda-graph",
     "--disable-custom-all-reduce",
-    "--mem-fraction-static", "0.05",
+    # SGLang sizes the KV pool from the drop in the host's available memory while weights
+    # load; other nodes and sessions starting meanwhile take memory too, and with a small
+    # fraction that drop fails the launch ("Loaded weights leave no GPU memory for the KV
+    # cache"). The pool is capped by --max-total-tokens either way.
+    "--mem-fraction-static", "0.8",
     "--max-total-tokens", "4096",
     "--page-size", str(PAGE_SIZE),
     # Idle schedulers poll their sockets without blocking otherwise, a core each.
