@@ -10,22 +10,23 @@ from ``patches.py``.
     scripts/sglang_envs.py build --releases 0.5.21,0.5.23
     scripts/sglang_envs.py test  --releases all --wheel-dir dist [-- extra pytest args]
     scripts/sglang_envs.py test  --patched --releases 0.5.23 --wheel-dir dist [-- ...]
-    scripts/sglang_envs.py test  --releases ci --with-patched --jobs 2 --wheel-dir dist
+    scripts/sglang_envs.py test  --releases ci --with-patched --jobs 3 --wheel-dir dist
     scripts/sglang_envs.py path  0.5.23
     scripts/sglang_envs.py demo  --wheel-dir dist
 
 The project's wheel is (re)installed into each env on every ``test`` run, so cached envs
 never test stale code.
 
-``--patched`` runs the same files in ``envs/sglang-0.5.23-patched-<key>/``, which holds the
-rebuilt wheel of ``scripts/patches.py`` instead of PyPI's (reinstalled when it changes), with
-the nodes' ``SGLANG_PLUGINS`` excluding the overlay; it first prints the proof that the plugin
-is not loaded there. ``--with-patched`` adds that session to the releases' ones.
+``--patched`` runs every scenario file (all of ``test-registered/`` but ``unit/``) in
+``envs/sglang-0.5.23-patched-<key>/``, which holds the rebuilt wheel of ``scripts/patches.py``
+instead of PyPI's (reinstalled when it changes), with the nodes' ``SGLANG_PLUGINS`` excluding
+the overlay; it first prints the proof that the plugin is not loaded there.
+``--with-patched`` adds that session to the releases' ones.
 
-``--jobs N`` runs up to N sessions (one pytest run per env) side by side: a session spends
-most of its time in one process importing SGLang, so on two cores two sessions take little
-longer than one. Each session's output goes to a file, printed whole when it ends; the
-sessions pick test ports from disjoint shares of the port range.
+``--jobs N`` runs up to N sessions (one pytest run per env) side by side: a session
+alternates between importing SGLang in a fresh process and waiting on its nodes, so on two
+cores three sessions keep both busy. Each session's output goes to a file, printed whole when
+it ends; the sessions pick test ports from disjoint shares of the port range.
 """
 
 from __future__ import annotations
