@@ -88,7 +88,8 @@ class TestFollowerGating(NodesTestCase):
             follower = started[1]
             if differences.differs(differences.CONFLICT_IN_DP_CONTROLLER):
                 # SGLang's SIGQUIT handler kills the node's tree: no launch error, a log line.
-                follower.proc.wait(timeout=STOP_DEADLINE)
+                # It comes once the follower's schedulers are ready, so after a whole launch.
+                follower.proc.wait(timeout=nodes.NODE_READY_DEADLINE + STOP_DEADLINE)
                 self.assertEqual(follower.proc.returncode, -signal.SIGKILL)
                 error = next(
                     (ln for ln in follower.log_text().splitlines() if "ConflictError: " in ln), ""
