@@ -17,7 +17,7 @@ SGLANG_TEST_JOBS ?= 3
 .PHONY: venv build-dev wheel install lint rust-check python-lint type-check stub-check test \
 	test-unit test-registered \
 	benchmark-smoke selftest benchmark hostile fresh-venv-check sdist-check patches-check \
-	patched-wheel test-patched test-sglang demo clean
+	patched-wheel test-patched test-sglang demo stress clean
 
 venv: $(PY)
 $(PY):
@@ -133,6 +133,11 @@ demo: install
 
 benchmark: install
 	$(PY) scripts/bench
+
+# The unit tier and one SGLang session, three times each, started as a background job
+# (SIGINT ignored, no terminal) under a CPU hog on every core: docs/compatibility.md.
+stress: install
+	$(PY) scripts/stress.py
 
 # Hostile clients against this project's metadata server and upstream's: docs/hostile-input.md.
 hostile: install
