@@ -37,20 +37,33 @@ def process_registration(
     return register_hooks
 
 
-def begin_node_launch(sidecar: str | None = None) -> None:
+def begin_node_launch(server_args: Any = None) -> None:
     """A new incarnation for this launch of the node; called before its schedulers start.
 
-    The ``dp_size`` switch is read here first, so a bad value fails the launch before any
-    scheduler starts, on the leader too (whose reply is otherwise built on a first call).
-    Only the switch and the incarnation are imported here: the builder is imported where a
-    reply is first built, not on every launch's path.
+    The ``dp_size`` switch and the ``--sidecar-args`` options are read here first, so a bad
+    value fails the launch before any scheduler starts: on the leader too, whose reply is
+    otherwise built on a first call and whose sidecar starts once the schedulers are up.
+    Only the switch and the incarnation are imported here (the supervisor only with
+    ``--sidecar``): the builder is imported where a reply is first built, not on every
+    launch's path.
     """
+    from sglang_sidecar_overlay.adapters import _sglang
     from sglang_sidecar_overlay.contract.incarnation import begin_launch
     from sglang_sidecar_overlay.contract.legacy_dp_size import legacy_dp_size_enabled
 
+    sidecar = getattr(server_args, "sidecar", None)
     legacy_dp_size_enabled(sidecar=sidecar)
+    if sidecar:
+        check_sidecar_options(_sglang.sidecar_args_list(getattr(server_args, "sidecar_args", None)))
     incarnation = begin_launch()
     logger.info("node launch incarnation %s", incarnation.id)
+
+
+def check_sidecar_options(sidecar_args: list[str]) -> None:
+    """Raise the ValueError naming the bad option that the sidecar's start would raise."""
+    from sglang_sidecar_overlay.sidecar.supervisor import SidecarOptions
+
+    SidecarOptions.from_args(sidecar_args)
 
 
 def with_leader_sidecar(

@@ -50,10 +50,16 @@ def sidecar_config() -> tuple[str | None, list[str]]:
     """``(--sidecar module or None, --sidecar-args list)`` from SGLang's serving config."""
     cfg = serving()
     module = getattr(cfg, "sidecar", None)
-    raw = getattr(cfg, "sidecar_args", None)
+    return (module.strip() if module else None), sidecar_args_list(
+        getattr(cfg, "sidecar_args", None)
+    )
+
+
+def sidecar_args_list(raw: Any) -> list[str]:
+    """``--sidecar-args`` as a list: SGLang holds it as a JSON string or a list."""
     if isinstance(raw, str):
         raw = json.loads(raw)
-    return (module.strip() if module else None), [str(arg) for arg in raw or []]
+    return [str(arg) for arg in raw or []]
 
 
 def server_args_dict(server_args: Any) -> dict:

@@ -104,7 +104,7 @@ def _child_groups(server_args: Any) -> list[str]:
 
 
 def around_launch_schedulers(original: Any, cls: Any, server_args: Any, *args: Any, **kwargs):
-    _launch.begin_node_launch(getattr(server_args, "sidecar", None))
+    _launch.begin_node_launch(server_args)
     install_launch_hooks()
     if not _sglang.native_grpc_enabled():
         with _hooks.exported_child_groups(_child_groups(server_args)):
@@ -190,6 +190,7 @@ def leader_server_info(handle: Any) -> str:
         )
         cached = render_server_info(info)
         setattr(handle, LEADER_JSON_ATTR, cached)
+        _server_info.log_leader_reply_built(cached)
     return cached
 
 

@@ -100,6 +100,7 @@ def around_leader_server_info(original: Any, handle: Any, *args: Any, **kwargs: 
             handle.scheduler_info,
         )
         setattr(handle, LEADER_JSON_ATTR, cached)
+        _server_info.log_leader_reply_built(cached)
     return cached
 
 
@@ -142,7 +143,7 @@ def rebuilt_server_info_body(upstream: Mapping[str, Any]) -> dict:
 
 
 def around_launch_schedulers(original: Any, cls: Any, server_args: Any, *args: Any, **kwargs):
-    _launch.begin_node_launch(getattr(server_args, "sidecar", None))
+    _launch.begin_node_launch(server_args)
     install_launch_hooks()
     children = ["prefill_sender"] if _disagg_dp_rank.prefill_node(server_args) else []
     with _hooks.exported_child_groups(children):

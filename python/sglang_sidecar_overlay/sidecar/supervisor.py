@@ -102,23 +102,29 @@ class SidecarOptions:
 
     def __post_init__(self) -> None:
         if not (isinstance(self.shutdown_timeout, (int, float)) and self.shutdown_timeout > 0):
-            raise ValueError(f"sidecar shutdown timeout must be > 0, got {self.shutdown_timeout!r}")
+            raise ValueError(
+                f"--sidecar-shutdown-timeout must be > 0, got {self.shutdown_timeout!r}"
+            )
         if not math.isfinite(self.shutdown_timeout):
             raise ValueError(
-                f"sidecar shutdown timeout must be finite, got {self.shutdown_timeout}"
+                f"--sidecar-shutdown-timeout must be finite, got {self.shutdown_timeout}"
             )
         if self.restart not in _RESTART_POLICIES:
             raise ValueError(
-                f"sidecar restart policy must be one of {', '.join(_RESTART_POLICIES)}, "
+                f"--sidecar-restart must be one of {', '.join(_RESTART_POLICIES)}, "
                 f"got {self.restart!r}"
             )
         if not is_int(self.max_restarts):
-            raise ValueError(f"sidecar max restarts must be an integer, got {self.max_restarts!r}")
+            raise ValueError(
+                f"--sidecar-max-restarts must be an integer, got {self.max_restarts!r}"
+            )
         if self.max_restarts < 0:
-            raise ValueError(f"sidecar max restarts must be >= 0, got {self.max_restarts}")
+            raise ValueError(f"--sidecar-max-restarts must be >= 0, got {self.max_restarts}")
         window = self.restart_window
         if not (isinstance(window, (int, float)) and window > 0 and math.isfinite(window)):
-            raise ValueError(f"sidecar restart window must be a finite number > 0, got {window!r}")
+            raise ValueError(
+                f"--sidecar-restart-window must be a finite number > 0, got {window!r}"
+            )
 
     @classmethod
     def from_args(cls, sidecar_args: list[str]) -> tuple[SidecarOptions, list[str]]:
