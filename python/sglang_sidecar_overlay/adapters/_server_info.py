@@ -91,6 +91,14 @@ def leader_grpc_reply(upstream_reply: str, server_args: Any, scheduler_info: Map
     return render_server_info({**core, **redact(to_jsonable(extras))})
 
 
+def log_leader_reply_built(text: str) -> None:
+    """Once per launch: the leader's reply was built, and is cached text from now on."""
+    logger.info(
+        "leader GetServerInfo reply built (%d bytes), served as cached text for this launch",
+        len(text),
+    )
+
+
 def rebuild_server_info(
     upstream: Mapping[str, Any], publisher_bounds: Mapping[str, int] | None = None
 ) -> dict:
