@@ -338,7 +338,9 @@ def find_wheel(wheel_dir: Path) -> Path:
 
 
 def install_project(env: Path, wheel: Path) -> None:
-    reinstall_wheel(env, wheel)
+    # Compiled as pip compiles on install: every SGLang process imports the plugin, and a
+    # machine with PYTHONDONTWRITEBYTECODE would otherwise compile it from source in each one.
+    reinstall_wheel(env, wheel, "--compile-bytecode")
 
 
 # The test-only SGLang platform that runs SGLang's real scheduler on the CPU

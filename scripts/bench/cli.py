@@ -32,7 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--sidecar-runs", type=int, default=20)
     parser.add_argument("--sidecar-stop-runs", type=int, default=5)
     parser.add_argument("--sidecar-shutdown-timeout", type=float, default=2.0)
-    parser.add_argument("--plugin-runs", type=int, default=5)
+    parser.add_argument("--plugin-runs", type=int, default=9)
     parser.add_argument("--sglang-python", help="Python with SGLang installed (rows 4, 5, 7)")
     parser.add_argument("--output", type=Path, default=ROOT / "docs" / "benchmark-results.md")
     parser.add_argument("--no-write", action="store_true")
