@@ -38,6 +38,7 @@ In order (the last one takes the group down):
 import contextlib
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -330,6 +331,14 @@ class TestTwoNodeGroup(NodesTestCase, NodeInfoChecks):
             # SGLang's SIGQUIT handler (0.5.22+), or by the scheduler watcher (0.5.19-0.5.21,
             # where the scheduler's SIGQUIT goes to the follower's DP controller).
             self.assertIn(f"follower sidecar {dynamo.DYNAMO} pid=", log[crash:])
+            # ... and stopped first: it must not watch its metadata server disappear.
+            server_stopped = re.search(r"follower metadata server at \S+ stopped", log[crash:])
+            self.assertIsNotNone(server_stopped, self.follower.log_tail())
+            self.assertLess(
+                log[crash:].index(f"follower sidecar {dynamo.DYNAMO} pid="),
+                server_stopped.start(),
+                self.follower.log_tail(),
+            )
         nodes.wait_for(
             lambda: consumer_pids(self.follower) == [],
             GONE_DEADLINE,

@@ -12,6 +12,8 @@ goes red when the overlay's gate or check it covers is gone:
   follower server of their own and the Rust server no gRPC listener, so the overlay's still
   serves (``docs/compatibility.md``). "Serves nothing" means nothing listens on the port
   (``/proc/net/tcp`` on the node) and the connection is refused, not just a failed RPC.
+- the leader of that group with a connect-style publisher (``tcp://<its address>:P``, which
+  SGLang's bind heuristic connects to): its reply lists no source, though its config has one;
 - two ranks of a follower claiming one endpoint address: the follower's launch fails with
   ``SourceConflictError`` naming the address, and no scheduler is left behind. SGLang's rank
   offset never produces this; the ``shared_kv_endpoint`` fault
@@ -52,10 +54,21 @@ class TestFollowerGating(NodesTestCase):
         self.assertIn("ConnectionRefusedError", refused or "accepted")
         self.assertNotIn(FOLLOWER_SERVER_LOG, follower.log_text())
 
+    def assert_connecting_publisher_not_advertised(self, leader: nodes.Node, endpoint: str):
+        info = leader.server_info()
+        self.assertEqual(info["kv_event_sources"], [], info)
+        # Not for want of a publisher: the launch has one, and the reply says so.
+        self.assertIn(endpoint, json.dumps(info.get("kv_events_config")))
+
     def test_followers_without_native_grpc_get_no_metadata_server(self):
         group = EngineGroup(4, ["--tp", "4"])
+        # The leader's publisher (attention-TP rank 0) connects instead of binding: SGLang's
+        # heuristic connects to a concrete host. Nothing listens for consumers on the leader's
+        # side, so the leader must not advertise it.
+        connect_to = f"tcp://{group.address(0)}:{group.kv_base}"
+        connecting = json.dumps({"publisher": "zmq", "endpoint": connect_to, "topic": KV_TOPIC})
         launches = [
-            group.launch(0),
+            group.launch(0, kv_events=connecting),
             group.launch(1, grpc=False),
             group.launch(2, extra=["--grpc-mode"]),
             group.launch(3, env={"SGLANG_RUST_SERVER": "1"}),
@@ -66,6 +79,7 @@ class TestFollowerGating(NodesTestCase):
             for node in started:
                 node.expect_ready()
             report_launch("four nodes, TP 4", started, began)
+            self.assert_connecting_publisher_not_advertised(started[0], connect_to)
             self.assert_serves_nothing(started[1], group.grpc_ports[1])
             self.assert_serves_nothing(started[2], group.grpc_ports[2])
             rust = started[3]

@@ -9,8 +9,10 @@ SGLang's Engine-API follower branch. Each node of a two-node group is its own ho
 
 Scenarios: a single node with TP 2 lists only its attention-TP rank 0's publisher; ordinary
 DP 2 through the real DP controller lists both replicas' publishers (distinct ranks and ports;
-the controller drops unknown ready keys before 0.5.22); a follower whose metadata port is
-already taken fails its launch naming the address and leaves no scheduler behind. The two-node
+the controller drops unknown ready keys before 0.5.22); on both, later calls get the same
+reply, which the plugin's leader builds once per launch and logs once (the series builds it
+per call and has no such line, ``patches/DIFFERENCES.md`` #2); a follower whose metadata port
+is already taken fails its launch naming the address and leaves no scheduler behind. The two-node
 attention-DP group is ``contract/test_two_node_group.py``; the TP-only follower without a
 publisher is ``contract/test_relaunch_incarnation.py``'s first launch.
 """
@@ -18,13 +20,15 @@ publisher is ``contract/test_relaunch_incarnation.py``'s first launch.
 import time
 import unittest
 
-from overlay_harness import nodes
+from overlay_harness import differences, nodes
 from overlay_harness.checks import NodeInfoChecks, report_fault, report_launch
 from overlay_harness.group import EngineGroup
 from overlay_harness.testcase import NodesTestCase
 from sglang.test.ci.ci_register import register_cpu_ci
 
 register_cpu_ci(est_time=120, suite="base-a-test-cpu")
+
+LEADER_REPLY_BUILT = "leader GetServerInfo reply built"
 
 
 class TestFollowerMetadata(NodesTestCase, NodeInfoChecks):
@@ -37,7 +41,15 @@ class TestFollowerMetadata(NodesTestCase, NodeInfoChecks):
             info = leader.server_info()
             self.assert_node_info(info, group, 0, ranks)
             self.assert_group_sources([leader], [info])
+            self.assert_reply_built_once(leader, info)
         return info
+
+    def assert_reply_built_once(self, leader: nodes.Node, info: dict):
+        """The leader's reply is built at the first GetServerInfo, then served as cached text:
+        later calls get the same object, and the build is logged once per launch."""
+        self.assertEqual([leader.server_info() for _ in range(3)], [info] * 3)
+        if not differences.differs(differences.PLUGIN_LOG_LINES):
+            self.assertEqual(leader.log_text().count(LEADER_REPLY_BUILT), 1, leader.log_tail())
 
     def test_single_node_tp2_lists_the_attn_tp_rank0_publisher(self):
         info = self.run_single_node(["--tp", "2"], [0])

@@ -14,6 +14,12 @@ Faults:
   the value before the launch's incarnation begins, so before any scheduler starts (0.5.22+
   leaders build their reply per request; without the launch-time read the error would wait
   for the first ``GetServerInfo``);
+- a bad ``--sidecar-args`` option on a leader (``--sidecar-restart sometimes``): the launch
+  fails naming the option and the value before its incarnation begins, so before any scheduler
+  starts (the sidecar itself starts only once the schedulers are up);
+- rank 0's KV-events port already taken on the node's host: that rank's scheduler fails its
+  publisher's bind at start-up (``Address already in use``, naming the port), so the launch
+  fails and nothing of the node is left;
 - a follower's scheduler SIGKILLed as it starts (``kill_at_start``): the launch fails naming
   the dead scheduler (no leader needed: it dies before any rendezvous);
 - a follower's scheduler SIGKILLed between its readiness and the follower server's start
@@ -32,7 +38,8 @@ Faults:
   non-zero naming the sidecar.
 
 On the rebuilt wheel (``patches/DIFFERENCES.md``): a bad switch value is SGLang's warning and
-the default (#9), and a follower whose scheduler dies after its launch exits 0 (#11); the
+the default (#9), a bad sidecar option fails the launch when the sidecar starts, after the
+schedulers (#12), and a follower whose scheduler dies after its launch exits 0 (#11); the
 tests assert that there.
 
 Elsewhere: the follower's metadata port already taken (``entrypoints/test_follower_metadata``),
@@ -44,6 +51,7 @@ requests in flight (``sidecar/test_sidecar_launch``).
 import contextlib
 import json
 import os
+import re
 import signal
 import sys
 import time
@@ -71,6 +79,8 @@ NO_CRASH_DIAGNOSTICS = {
 CLEAN_DEADLINE = 90.0
 DUMP_PROVIDER = "security.sidecar_dump"
 CRASHING_PROVIDER = "faults.crashing_sidecar"
+# The plugin's start line, or the series' in upstream's words ("Sidecar module X started").
+SIDECAR_STARTED = rf"(?i)sidecar (module )?{re.escape(CRASHING_PROVIDER)} started"
 TP2 = ["--tp", "2"]
 
 
@@ -167,6 +177,52 @@ class TestLaunchFaults(NodesTestCase):
             report_fault(
                 "a bad dp_size switch value on the leader",
                 f"exit {leader.proc.returncode}: {event['error'][:120]}",
+                clean,
+            )
+
+    def test_a_bad_sidecar_option_fails_the_leader_launch_before_its_schedulers(self):
+        # The sidecar starts once the schedulers are up; its options are read when the launch
+        # starts, so a typo costs no scheduler start and leaves nothing behind.
+        group = EngineGroup(1, ["--tp", "1"])
+        bad = ["--sidecar-restart", "sometimes"]
+        launch = group.launch(0, sidecar=CRASHING_PROVIDER, sidecar_args=bad)
+        with nodes.running(launch, names=["leader"], log_dir=self.workdir) as (leader,):
+            event = leader.ready()
+            failed_at = time.monotonic()
+            self.assertEqual(event["event"], "error", leader.log_tail())
+            self.assertIn(
+                "ValueError: --sidecar-restart must be one of never, on-failure, got 'sometimes'",
+                event["error"],
+            )
+            clean = self.assert_failed_and_clean(leader, failed_at)
+            if not differences.differs(differences.SIDECAR_OPTIONS_READ_AT_SIDECAR_START):
+                self.assertNotIn("node launch incarnation", leader.log_text())
+            self.assertNotRegex(leader.log_text(), SIDECAR_STARTED)
+            report_fault(
+                "a bad --sidecar-args option on the leader",
+                f"exit {leader.proc.returncode}: {event['error'][:120]}",
+                clean,
+            )
+
+    def test_a_taken_kv_port_fails_that_ranks_scheduler(self):
+        group = EngineGroup(1, ["--tp", "1"])
+        with (
+            nodes.holding_port(group, 0, group.kv_base),
+            nodes.running(group.launch(0), names=["leader"], log_dir=self.workdir) as (leader,),
+        ):
+            event = leader.ready()
+            failed_at = time.monotonic()
+            self.assertEqual(event["event"], "error", leader.log_tail())
+            clean = self.assert_failed_and_clean(leader, failed_at)
+            bind_error = next(
+                (ln for ln in leader.log_text().splitlines() if "Address already in use" in ln),
+                "",
+            )
+            self.assertIn(f":{group.kv_base}", bind_error, leader.log_tail())
+            self.assertNotIn("is SERVING", leader.log_text())
+            report_fault(
+                "the KV-events port of rank 0 already taken",
+                f"exit {leader.proc.returncode}: {bind_error.strip()[-120:]}",
                 clean,
             )
 

@@ -58,6 +58,10 @@ CONFLICT_IN_DP_CONTROLLER = 10
 # upstream's blocking follower branch joins its schedulers, logs and returns.
 FOLLOWER_EXITS_0_ON_SCHEDULER_DEATH = 11
 
+# patches/DIFFERENCES.md #12: the series reads --sidecar-args options where upstream does, when
+# the sidecar starts (once the schedulers are up), not when the launch starts.
+SIDECAR_OPTIONS_READ_AT_SIDECAR_START = 12
+
 ALLOWED = frozenset(
     {
         FOLLOWER_HEALTH,
@@ -69,6 +73,7 @@ ALLOWED = frozenset(
         SWITCH_VALUE_WARNS,
         CONFLICT_IN_DP_CONTROLLER,
         FOLLOWER_EXITS_0_ON_SCHEDULER_DEATH,
+        SIDECAR_OPTIONS_READ_AT_SIDECAR_START,
     }
 )
 
