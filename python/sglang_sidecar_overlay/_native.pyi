@@ -85,7 +85,8 @@ def start_metadata_server(
     - ``keepalive_interval_s`` / ``keepalive_timeout_s``: an HTTP/2 PING is sent that often
       and the connection closed if it is not acknowledged in time.
     - ``tcp_keepalive_s``: TCP keepalive idle time (then 4 probes, ``tcp_keepalive_s / 4``
-      apart), so peers that vanished are reaped.
+      apart, at least 1 s), so peers that vanished are reaped; set in whole seconds clamped
+      to 1..32767, the range Linux takes.
 
     ``implementation`` picks how GetServerInfo is served, ``"framed"`` (the reply framed once,
     handed out without a copy) or ``"generated"`` (tonic's generated server); both answer the

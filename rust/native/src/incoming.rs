@@ -30,6 +30,9 @@ const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 /// Handshaken connections waiting for tonic to pick them up.
 const READY_QUEUE: usize = 64;
 
+/// The largest TCP_KEEPIDLE (and TCP_KEEPINTVL) Linux takes.
+const MAX_TCP_KEEPIDLE: Duration = Duration::from_secs(32767);
+
 #[derive(Debug, Clone)]
 pub struct AcceptLimits {
     pub max_connections: usize,
@@ -64,9 +67,14 @@ async fn accept_loop(
     ready: mpsc::Sender<io::Result<Conn>>,
 ) {
     let permits = Arc::new(Semaphore::new(limits.max_connections));
+    // Linux takes whole seconds from 1 to 32767 and refuses the call outside them, which
+    // would leave its two-hour default: clamp rather than let a valid limit be dropped.
+    let idle = limits
+        .tcp_keepalive
+        .clamp(Duration::from_secs(1), MAX_TCP_KEEPIDLE);
     let keepalive = TcpKeepalive::new()
-        .with_time(limits.tcp_keepalive)
-        .with_interval((limits.tcp_keepalive / 4).max(Duration::from_secs(1)))
+        .with_time(idle)
+        .with_interval((idle / 4).max(Duration::from_secs(1)))
         .with_retries(4);
     loop {
         let accepted = tokio::select! {

@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use bytes::Bytes;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio_stream::StreamExt as _;
 use tonic::Code;
@@ -132,10 +132,24 @@ async fn oversized_headers_are_refused() {
 
 // --- raw HTTP/2 ------------------------------------------------------------------------------
 
+const FRAME_DATA: u8 = 0x0;
+const FRAME_HEADERS: u8 = 0x1;
+const FRAME_RST_STREAM: u8 = 0x3;
 const FRAME_SETTINGS: u8 = 0x4;
 const FRAME_PING: u8 = 0x6;
+const FRAME_GOAWAY: u8 = 0x7;
+const FRAME_WINDOW_UPDATE: u8 = 0x8;
+const FLAG_END_STREAM: u8 = 0x1;
+const FLAG_ACK: u8 = 0x1;
+const FLAG_END_HEADERS: u8 = 0x4;
 const SETTINGS_MAX_CONCURRENT_STREAMS: u16 = 0x3;
 const SETTINGS_MAX_HEADER_LIST_SIZE: u16 = 0x6;
+const PROTOCOL_ERROR: u32 = 0x1;
+const REFUSED_STREAM: u32 = 0x7;
+const CANCEL: u32 = 0x8;
+const ENHANCE_YOUR_CALM: u32 = 0xb;
+/// What our PING carries, to tell its ACK from anything else.
+const PING_DATA: [u8; 8] = *b"limits!!";
 
 async fn raw_connect(server: &MetadataServer) -> TcpStream {
     TcpStream::connect(server.local_addr()).await.unwrap()
@@ -156,12 +170,127 @@ async fn try_raw_handshake(stream: &mut TcpStream) -> std::io::Result<()> {
 
 /// Next frame as (type, flags, payload); None once the server closed the connection.
 async fn read_frame(stream: &mut TcpStream) -> Option<(u8, u8, Vec<u8>)> {
+    read_frame_on(stream)
+        .await
+        .map(|frame| (frame.kind, frame.flags, frame.payload))
+}
+
+/// One HTTP/2 frame as read.
+#[derive(Debug)]
+struct Frame {
+    kind: u8,
+    flags: u8,
+    stream_id: u32,
+    payload: Vec<u8>,
+}
+
+impl Frame {
+    /// The error code of a RST_STREAM or GOAWAY frame.
+    fn error_code(&self) -> u32 {
+        let at = if self.kind == FRAME_GOAWAY { 4 } else { 0 };
+        u32::from_be_bytes(self.payload[at..at + 4].try_into().unwrap())
+    }
+}
+
+/// Next frame; None once the server closed the connection.
+async fn read_frame_on(stream: &mut (impl AsyncRead + Unpin)) -> Option<Frame> {
     let mut header = [0u8; 9];
     stream.read_exact(&mut header).await.ok()?;
     let length = u32::from_be_bytes([0, header[0], header[1], header[2]]) as usize;
     let mut payload = vec![0u8; length];
     stream.read_exact(&mut payload).await.ok()?;
-    Some((header[3], header[4], payload))
+    Some(Frame {
+        kind: header[3],
+        flags: header[4],
+        stream_id: u32::from_be_bytes([header[5], header[6], header[7], header[8]]) & 0x7fff_ffff,
+        payload,
+    })
+}
+
+/// A frame as written: 24-bit length, type, flags, stream id, payload.
+fn frame(kind: u8, flags: u8, stream_id: u32, payload: &[u8]) -> Vec<u8> {
+    let mut bytes = (payload.len() as u32).to_be_bytes()[1..].to_vec();
+    bytes.extend([kind, flags]);
+    bytes.extend(stream_id.to_be_bytes());
+    bytes.extend_from_slice(payload);
+    bytes
+}
+
+/// A request's header block, HPACK-coded by hand from static-table entries and literals
+/// without indexing only, so each block stands alone (no dynamic table to keep in step).
+fn request_headers(path: &str, content_length: Option<&str>) -> Vec<u8> {
+    let mut block = vec![0x83, 0x86]; // :method POST, :scheme http
+    hpack_literal(&mut block, 4, path);
+    hpack_literal(&mut block, 1, "localhost"); // :authority
+    hpack_literal(&mut block, 31, "application/grpc"); // content-type
+    if let Some(value) = content_length {
+        hpack_literal(&mut block, 28, value);
+    }
+    block
+}
+
+/// A literal header field without indexing whose name is static-table entry `name`
+/// (RFC 7541 §6.2.2), its value short and not Huffman-coded.
+fn hpack_literal(block: &mut Vec<u8>, name: u8, value: &str) {
+    if name < 15 {
+        block.push(name);
+    } else {
+        block.extend([15, name - 15]);
+    }
+    block.push(u8::try_from(value.len()).ok().filter(|&n| n < 127).unwrap());
+    block.extend_from_slice(value.as_bytes());
+}
+
+/// HEADERS opening a GetServerInfo call on `stream_id`. Its request body stays open, so the
+/// service keeps waiting for it.
+fn open_call(stream_id: u32) -> Vec<u8> {
+    let block = request_headers(GET_SERVER_INFO_PATH, None);
+    frame(FRAME_HEADERS, FLAG_END_HEADERS, stream_id, &block)
+}
+
+fn ping() -> Vec<u8> {
+    frame(FRAME_PING, 0, 0, &PING_DATA)
+}
+
+/// Writes `burst` (ending in our PING) while reading what the server sends until it answers
+/// the PING, sends GOAWAY or closes. The server handles frames in order, so the ACK means
+/// it has handled every frame before it.
+async fn send_and_read(stream: &mut TcpStream, burst: &[u8]) -> Vec<Frame> {
+    let (mut reader, mut writer) = stream.split();
+    let read = async {
+        let mut frames = Vec::new();
+        while let Some(frame) = read_frame_on(&mut reader).await {
+            let last = frame.kind == FRAME_GOAWAY
+                || (frame.kind == FRAME_PING
+                    && frame.flags & FLAG_ACK != 0
+                    && frame.payload == PING_DATA);
+            frames.push(frame);
+            if last {
+                break;
+            }
+        }
+        frames
+    };
+    // After a GOAWAY the server may close before it has read the rest: not a failure.
+    let (_, frames) = tokio::time::timeout(DEADLINE, async {
+        tokio::join!(writer.write_all(burst), read)
+    })
+    .await
+    .expect("the server answered the burst within the deadline");
+    frames
+}
+
+fn goaway(frames: &[Frame]) -> Option<&Frame> {
+    frames.iter().find(|frame| frame.kind == FRAME_GOAWAY)
+}
+
+/// (stream id, error code) of every RST_STREAM among `frames`.
+fn resets(frames: &[Frame]) -> Vec<(u32, u32)> {
+    frames
+        .iter()
+        .filter(|frame| frame.kind == FRAME_RST_STREAM)
+        .map(|frame| (frame.stream_id, frame.error_code()))
+        .collect()
 }
 
 /// True once the peer closed (EOF or reset), reading and discarding whatever comes first.
@@ -344,4 +473,195 @@ async fn a_request_body_that_never_ends_is_cut_at_the_request_timeout() {
     );
     assert_answers(&server).await;
     shutdown(server).await;
+}
+
+/// `count` calls opened and at once reset by the client (CANCEL), in one write: the server
+/// decodes the whole burst before it accepts any of them, so all are reset while pending.
+async fn open_and_reset(server: &MetadataServer, count: u32) -> Vec<Frame> {
+    let mut stream = raw_connect(server).await;
+    raw_handshake(&mut stream).await;
+    let mut burst = Vec::new();
+    for n in 0..count {
+        let id = 1 + 2 * n;
+        burst.extend(open_call(id));
+        burst.extend(frame(FRAME_RST_STREAM, 0, id, &CANCEL.to_be_bytes()));
+    }
+    burst.extend(ping());
+    send_and_read(&mut stream, &burst).await
+}
+
+#[tokio::test]
+async fn more_than_20_streams_reset_before_the_server_reads_them_get_a_goaway() {
+    let server = start_with(Limits::default());
+    let within = open_and_reset(&server, 20).await;
+    assert!(
+        goaway(&within).is_none() && within.last().is_some_and(|f| f.kind == FRAME_PING),
+        "20 rapid resets are within the bound: {within:?}"
+    );
+    let beyond = open_and_reset(&server, 21).await;
+    let goaway =
+        goaway(&beyond).unwrap_or_else(|| panic!("21 rapid resets and no GOAWAY: {beyond:?}"));
+    assert_eq!(goaway.error_code(), ENHANCE_YOUR_CALM);
+    assert_answers(&server).await;
+    shutdown(server).await;
+}
+
+#[tokio::test]
+async fn more_than_1024_error_resets_on_one_connection_get_a_goaway() {
+    // A stream counts as open until its reset is written, which h2 does only once it has read
+    // the whole burst: room for all of them, or refusals (error resets too) would blur the count.
+    let server = start_with(Limits {
+        max_concurrent_streams: 2048,
+        ..Limits::default()
+    });
+    let mut stream = raw_connect(&server).await;
+    raw_handshake(&mut stream).await;
+    // A content-length that is not a number makes a request malformed (RFC 9113 §8.1.1): the
+    // server resets that stream itself (PROTOCOL_ERROR), an error reset.
+    let malformed = request_headers(GET_SERVER_INFO_PATH, Some("x"));
+    let flags = FLAG_END_HEADERS | FLAG_END_STREAM;
+    let burst = |streams: std::ops::Range<u32>| -> Vec<u8> {
+        let mut bytes: Vec<u8> = streams
+            .flat_map(|n| frame(FRAME_HEADERS, flags, 1 + 2 * n, &malformed))
+            .collect();
+        bytes.extend(ping());
+        bytes
+    };
+    let within = send_and_read(&mut stream, &burst(0..1024)).await;
+    assert!(
+        goaway(&within).is_none() && within.last().is_some_and(|f| f.kind == FRAME_PING),
+        "1024 error resets are within the bound"
+    );
+    let beyond = send_and_read(&mut stream, &burst(1024..1025)).await;
+    let Some(goaway) = goaway(&beyond) else {
+        panic!("a 1025th error reset and no GOAWAY");
+    };
+    assert_eq!(goaway.error_code(), ENHANCE_YOUR_CALM);
+    // The first 1024 were reset for the malformed requests, before the GOAWAY.
+    let sent = [resets(&within), resets(&beyond)].concat();
+    let errors = sent.iter().filter(|(_, code)| *code == PROTOCOL_ERROR);
+    assert_eq!((errors.count(), sent.len()), (1024, 1024));
+    assert_answers(&server).await;
+    shutdown(server).await;
+}
+
+#[tokio::test]
+async fn a_stream_beyond_max_concurrent_streams_is_refused_while_the_others_stay_open() {
+    let server = start_with(Limits {
+        max_concurrent_streams: 4,
+        ..Limits::default()
+    });
+    let mut stream = raw_connect(&server).await;
+    raw_handshake(&mut stream).await;
+    let mut burst: Vec<u8> = (0..5).flat_map(|n| open_call(1 + 2 * n)).collect();
+    burst.extend(ping());
+    let frames = send_and_read(&mut stream, &burst).await;
+    assert!(goaway(&frames).is_none(), "{frames:?}");
+    // By the PING's ACK the server has handled all five: only the fifth is refused.
+    assert_eq!(resets(&frames), [(9, REFUSED_STREAM)]);
+
+    // The first was still open, not dropped: ending its request (one empty message) gets it
+    // answered.
+    let end = frame(FRAME_DATA, FLAG_END_STREAM, 1, &[0; 5]);
+    stream.write_all(&end).await.unwrap();
+    let answer = tokio::time::timeout(DEADLINE, async {
+        while let Some(frame) = read_frame_on(&mut stream).await {
+            if frame.stream_id == 1 && frame.kind != FRAME_WINDOW_UPDATE {
+                return Some(frame);
+            }
+        }
+        None
+    })
+    .await
+    .expect("an answer within the deadline")
+    .expect("the connection stayed open");
+    assert_eq!(answer.kind, FRAME_HEADERS, "{answer:?}");
+    drop(stream);
+    shutdown(server).await;
+}
+
+/// The server's end of the connection `client` made: the server runs in this process, so it
+/// is the socket among this process's descriptors bound to `server` with `client` as its peer.
+#[cfg(target_os = "linux")]
+fn accepted_socket(server: SocketAddr, client: SocketAddr) -> Option<socket2::Socket> {
+    use std::os::fd::{BorrowedFd, RawFd};
+    for entry in std::fs::read_dir("/proc/self/fd").ok()?.flatten() {
+        let is_socket = std::fs::read_link(entry.path())
+            .is_ok_and(|target| target.to_string_lossy().starts_with("socket:"));
+        let Ok(fd) = entry.file_name().to_string_lossy().parse::<RawFd>() else {
+            continue;
+        };
+        if !is_socket {
+            continue;
+        }
+        // SAFETY: the descriptor is only duplicated, at once. If another test closed it since
+        // the listing, the duplicate fails or is of another file, which the check below skips.
+        let Ok(owned) = unsafe { BorrowedFd::borrow_raw(fd) }.try_clone_to_owned() else {
+            continue;
+        };
+        let socket = socket2::Socket::from(owned);
+        let own = socket.local_addr().ok().and_then(|addr| addr.as_socket());
+        let peer = socket.peer_addr().ok().and_then(|addr| addr.as_socket());
+        if own == Some(server) && peer == Some(client) {
+            return Some(socket);
+        }
+    }
+    None
+}
+
+/// SO_KEEPALIVE, TCP_KEEPIDLE and TCP_KEEPINTVL (seconds) and TCP_KEEPCNT on the server's end
+/// of a new connection.
+#[cfg(target_os = "linux")]
+async fn server_keepalive(limits: Limits) -> (bool, u64, u64, u32) {
+    let server = start_with(limits);
+    let mut client = raw_connect(&server).await;
+    raw_handshake(&mut client).await;
+    // The server's SETTINGS: the connection reached hyper, so its options were set.
+    let (kind, _, _) = tokio::time::timeout(DEADLINE, read_frame(&mut client))
+        .await
+        .unwrap()
+        .expect("SETTINGS");
+    assert_eq!(kind, FRAME_SETTINGS);
+    let socket = accepted_socket(server.local_addr(), client.local_addr().unwrap())
+        .expect("the server's end of the connection");
+    let options = (
+        socket.keepalive().unwrap(),
+        socket.tcp_keepalive_time().unwrap().as_secs(),
+        socket.tcp_keepalive_interval().unwrap().as_secs(),
+        socket.tcp_keepalive_retries().unwrap(),
+    );
+    drop(client);
+    shutdown(server).await;
+    options
+}
+
+#[cfg(target_os = "linux")]
+#[tokio::test]
+async fn tcp_keepalive_s_is_set_on_accepted_connections() {
+    // Not a system default: idle 8 s, then 4 probes 2 s apart.
+    let options = server_keepalive(Limits {
+        tcp_keepalive: Duration::from_secs(8),
+        ..Limits::default()
+    })
+    .await;
+    assert_eq!(options, (true, 8, 2, 4));
+}
+
+#[cfg(target_os = "linux")]
+#[tokio::test]
+async fn a_tcp_keepalive_s_linux_cannot_take_is_clamped_not_dropped() {
+    // Linux refuses an idle time below 1 s or above 32767 s; passed as is, the connection
+    // would keep the system's two hours.
+    let short = server_keepalive(Limits {
+        tcp_keepalive: Duration::from_millis(500),
+        ..Limits::default()
+    })
+    .await;
+    assert_eq!(short, (true, 1, 1, 4));
+    let long = server_keepalive(Limits {
+        tcp_keepalive: Duration::from_secs(86_400),
+        ..Limits::default()
+    })
+    .await;
+    assert_eq!(long, (true, 32767, 8191, 4));
 }
