@@ -11,11 +11,13 @@ import itertools
 import json
 import logging
 import os
+import select
 import signal
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -261,6 +263,81 @@ def test_stop_is_idempotent_and_thread_safe(supervise, tmp_path) -> None:
     with pytest.raises(RuntimeError):
         sup.start()
     assert fatal.calls == []
+
+
+# A process that echoes each line it reads: it answers only while it lives.
+_ECHO = """
+import sys
+for line in iter(sys.stdin.readline, ""):
+    print(line, end="", flush=True)
+"""
+
+
+@pytest.fixture
+def echo_process() -> Iterator[subprocess.Popen[bytes]]:
+    """A child of this test running ``_ECHO``, killed and reaped at teardown (its pipes
+    unbuffered here, so nothing is left to flush into a dead process)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _ECHO], stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0
+    )
+    try:
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait()
+        for pipe in (proc.stdin, proc.stdout):
+            if pipe is not None:
+                pipe.close()
+
+
+def answers(proc: subprocess.Popen[bytes], timeout: float) -> bool:
+    """Whether ``proc`` echoes a line back within ``timeout`` (a killed process never does)."""
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        proc.stdin.write(b"ping\n")
+    except BrokenPipeError:
+        return False
+    if not select.select([proc.stdout], [], [], timeout)[0]:
+        return False
+    return proc.stdout.readline() == b"ping\n"
+
+
+@pytest.mark.parametrize("reused", [True, False], ids=["pid-reused", "same-process"])
+def test_a_reused_pid_is_never_signalled(
+    supervise, echo_process, tmp_path, monkeypatch, reused: bool
+) -> None:
+    # stop() walks the sidecar's tree, then signals the descendants that left its group. Between
+    # the two, such a descendant can exit, be reaped, and its pid number go to another process.
+    # The walk here is made to have seen that: the pid of `holder`, a process of this test and
+    # nothing of the sidecar's, listed as a child of the provider in its own group, with the
+    # start time of the process that had it before (one tick earlier). The control lists
+    # `holder` itself (its own start time): then the pid is the sidecar's and it is signalled.
+    holder = echo_process
+    assert answers(holder, DEADLINE)
+    held = proctree.read_stat(holder.pid)
+    assert held is not None
+    report = tmp_path / "r.json"
+    sup, fatal = supervise("serve", ["--report", str(report)])
+    sup.start()
+    provider = read_report(report)["pid"]
+    walk = proctree.process_table
+
+    def walked_before_the_pid_changed_hands() -> proctree.ProcTable:
+        table = walk()
+        table[holder.pid] = held._replace(
+            ppid=provider, pgrp=holder.pid, starttime=held.starttime - int(reused)
+        )
+        return table
+
+    monkeypatch.setattr(proctree, "process_table", walked_before_the_pid_changed_hands)
+    sup.stop()
+    assert Path(f"{report}.term").exists()  # the stop did run: the provider got its SIGTERM
+    assert not sup.is_alive() and fatal.calls == []
+    if reused:
+        assert answers(holder, DEADLINE), "the process now holding the pid was signalled"
+        assert holder.poll() is None
+    else:
+        assert holder.wait(DEADLINE) == -signal.SIGTERM
 
 
 # -- parent death -----------------------------------------------------------------------------
