@@ -29,8 +29,9 @@ struct PyMetadataServer {
 #[pymethods]
 impl PyMetadataServer {
     /// True while the server thread runs.
-    fn is_alive(&self) -> bool {
-        self.server.is_alive()
+    /// False once the server has stopped; waits for a stop in progress to finish.
+    fn is_alive(&self, py: Python<'_>) -> bool {
+        py.detach(|| self.server.is_alive())
     }
 
     /// Report SERVING (True) or NOT_SERVING (False) through grpc.health.v1.

@@ -230,12 +230,13 @@ impl MetadataServer {
     /// Stops serving and waits for the server thread. Idempotent and safe from any thread;
     /// returns within the shutdown grace period plus a small margin.
     pub fn shutdown(&self) {
-        let thread = self
+        // The lock is held until the server thread has ended, so `is_alive()` turns false
+        // only once nothing listens any more (it waits for a stop in progress).
+        let mut slot = self
             .thread
             .lock()
-            .unwrap_or_else(|poison| poison.into_inner())
-            .take();
-        let Some(thread) = thread else { return };
+            .unwrap_or_else(|poison| poison.into_inner());
+        let Some(thread) = slot.take() else { return };
         if !thread.is_finished() {
             // Watchers learn the node is going away before their stream is closed.
             self.report(ServingStatus::NotServing);
