@@ -4,5 +4,6 @@ processes SGLang spawns for them can import ``overlay_harness``."""
 import os
 
 # CustomTestCase re-runs a failed test SGLANG_TEST_MAX_RETRY times; each run here launches
-# whole nodes, so a failure should be reported once, not retried into the time budget.
-os.environ.setdefault("SGLANG_TEST_MAX_RETRY", "0")
+# whole nodes, so a failure is reported once, not retried into the time budget. Set, not
+# defaulted: a value inherited from the caller's shell would let a flaky test pass on retry.
+os.environ["SGLANG_TEST_MAX_RETRY"] = "0"
