@@ -13,7 +13,9 @@ scheduler backends), which runs the release's real ``run_scheduler_process`` aro
   offset (``ZmqEventPublisher.offset_endpoint_port``) is dropped, so with an ``ipc://``
   kv-events endpoint every publisher of the node binds the same path (libzmq replaces the
   socket file) and reports it: a misconfigured node whose ranks claim one address. SGLang
-  never does this on its own.
+  never does this on its own. The publishers are created one at a time (a lock beside the
+  path): libzmq unlinks the old file and then binds, and two ranks binding in the same
+  instant raced between the two, the second failing with ``Address already in use``.
 """
 
 from __future__ import annotations
@@ -53,9 +55,29 @@ def run_faulty_scheduler(*args: Any, **kwargs: Any) -> None:
         from sglang.srt.disaggregation.kv_events import ZmqEventPublisher
 
         ZmqEventPublisher.offset_endpoint_port = staticmethod(lambda endpoint, rank: endpoint)
+        _create_publishers_one_at_a_time(ZmqEventPublisher, bound.arguments["server_args"])
     if fault == "kill_after_ready":
         bound.arguments["pipe_writer"] = _ReadyAfterDeath(bound.arguments["pipe_writer"])
     scheduler.run_scheduler_process(*bound.args, **bound.kwargs)
+
+
+def _create_publishers_one_at_a_time(publisher_class: Any, server_args: Any) -> None:
+    """Serialize the node's publishers' creation (their binds) with a lock beside the ipc path."""
+    import fcntl
+    import json
+
+    endpoint = json.loads(server_args.kv_events_config or "{}").get("endpoint", "")
+    if not endpoint.startswith("ipc://"):
+        return
+    lock_path = endpoint[len("ipc://") :] + ".lock"
+    create = publisher_class.__init__
+
+    def create_alone(self: Any, *args: Any, **kwargs: Any) -> None:
+        with open(lock_path, "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            create(self, *args, **kwargs)
+
+    publisher_class.__init__ = create_alone
 
 
 class _ReadyAfterDeath:
