@@ -25,9 +25,11 @@ loggers in both nodes' logs (SGLang's own logging is configured through
 ``SGLANG_LOGGING_CONFIG_PATH`` to name each line's logger, the overlay's at DEBUG), every line
 no SGLang logger claims, and the argv and environment of both sidecars
 (``security.sidecar_dump``). SGLang's own log lines are counted and reported, not asserted:
-they are upstream's (its ``server_args=`` line prints every field). Positive controls: every
-planted named field is served as ``<redacted>``, and ``launch_command`` is served (redacted)
-where the release sets it.
+they are upstream's (its ``server_args=`` line prints every field). Positive controls, on
+every served surface: every planted named field is served as ``<redacted>``; a canary under a
+key the rule does not name secret (``prefix``, in the storage backend's JSON) is served as
+planted, in that field and in ``launch_command``, so redaction is not blanket; and
+``launch_command`` is served (redacted) where the release sets it.
 
 On the rebuilt wheel the series' own modules' loggers (``sglang.srt.entrypoints.sidecar``,
 ``sglang.srt.utils.server_info``) are the ones scanned with 0 canaries allowed.
@@ -82,6 +84,8 @@ ATTENTION_DP_REPORTS_DP_SIZE_1 = releases.adapter_for(RELEASE or "0") == (
 )
 # 0.5.19's ServerArgs has no launch_command: the contract serves null there.
 LAUNCH_COMMAND_SERVED = RELEASE != "0.5.19"
+# The field whose JSON carries the canaries by shape, and the canary under a non-secret key.
+VISIBLE_CARRIER = "hicache_storage_backend_extra_config"
 LOGGING_CONFIG = {
     "version": 1,
     "disable_existing_loggers": False,
@@ -134,8 +138,11 @@ def canary() -> str:
     return secrets.token_hex(8)
 
 
-def plant(fields: list[tuple[str, object]], flags: dict) -> tuple[list[str], dict[str, str]]:
-    """Launch arguments planting canaries, and {label: canary}."""
+def plant(
+    fields: list[tuple[str, object]], flags: dict, visible: str
+) -> tuple[list[str], dict[str, str]]:
+    """Launch arguments planting canaries, and {label: canary}. ``visible`` goes under a key the
+    rule does not name secret, next to the canaries: the control that redaction is not blanket."""
     names = {name for name, _ in fields}
     args: list[str] = []
     planted: dict[str, str] = {}
@@ -170,12 +177,13 @@ def plant(fields: list[tuple[str, object]], flags: dict) -> tuple[list[str], dic
     # model_loader_extra_config would carry these, but a real scheduler loading dummy weights
     # refuses any loader extra config; the storage backend's config carries them instead.
     shaped(
-        "hicache_storage_backend_extra_config",
+        VISIBLE_CARRIER,
         lambda mark: json.dumps(
             {
                 "access_key": mark("access_key"),
                 "secret_key": mark("secret_key"),
                 "hf_token": mark("hf_token"),
+                "prefix": visible,
                 "auth": {"session": [{"token": mark("nested token")}]},
                 "endpoint": f"s3://AKID:{mark('url password')}@bucket/prefix",
                 "url": f"https://h.example/m?X-Amz-Credential={mark('X-Amz-Credential')}"
@@ -223,7 +231,8 @@ def found_in(text: str, planted: dict[str, str]) -> list[str]:
 class TestPlantedSecrets(CustomTestCase):
     def test_no_planted_canary_leaves_a_node(self):
         fields = server_arg_fields()
-        plant_args, planted = plant(fields, cli_flags())
+        visible = {"visible": canary()}
+        plant_args, planted = plant(fields, cli_flags(), visible["visible"])
         self.assertGreaterEqual(len(planted), 10, planted)
         with tempfile.TemporaryDirectory(prefix="overlay-secrets-") as tmp:
             workdir = Path(tmp)
@@ -269,7 +278,7 @@ class TestPlantedSecrets(CustomTestCase):
                     )[0]
                     texts[f"sidecar {role} argv+environ"] = path.read_text()
                     sidecars[role] = json.loads(path.read_text())
-                self.assert_positive_controls(texts, planted)
+                self.assert_positive_controls(texts, planted, visible)
                 self.assert_probe_says_why_a_consumer_rejects(follower)
                 self.assert_engine_kill_takes_the_sidecar_down(follower, sidecars["follower"])
             # Nodes stopped: the logs now hold shutdown too.
@@ -298,13 +307,25 @@ class TestPlantedSecrets(CustomTestCase):
         total = sum(len(hits) for hits in leaks.values())
         sys.stderr.write(f"[{RELEASE}] canaries found by the scan: {total}\n")
 
-    def assert_positive_controls(self, texts: dict[str, str], planted: dict[str, str]) -> None:
-        """The scan can see what it looks for: every surface carries the planted fields, each
-        redacted, and ``launch_command`` is served (where the release sets it)."""
-        infos = {where: json.loads(text) for where, text in texts.items() if "grpc" in where}
-        for where, info in infos.items():
+    def assert_positive_controls(
+        self, texts: dict[str, str], planted: dict[str, str], visible: dict[str, str]
+    ) -> None:
+        """The scan can see what it looks for, and redaction is not blanket: every served surface
+        (gRPC of both nodes, HTTP) shows each planted named field as ``<redacted>``, the canary
+        under a non-secret key as planted, and ``launch_command`` (where the release sets it)
+        redacted with that canary still in it."""
+        shown_fields = [VISIBLE_CARRIER] + (["launch_command"] if LAUNCH_COMMAND_SERVED else [])
+        for where, text in texts.items():
+            if not where.startswith(("grpc", "http")):
+                continue
+            info = json.loads(text)
             for name in (label for label in planted if ":" not in label):
                 self.assertEqual(info.get(name), REDACTED, f"{where}: {name}")
+            # Field by field: launch_command carries the carrier's JSON too, so a hit anywhere
+            # in the text would pass with the field itself blanked.
+            for field in shown_fields:
+                value = str(info.get(field))
+                self.assertEqual(found_in(value, visible), ["visible"], f"{where} {field}: {value}")
             if LAUNCH_COMMAND_SERVED:
                 self.assertIn(REDACTED, info["launch_command"] or "", where)
 
