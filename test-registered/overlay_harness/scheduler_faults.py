@@ -20,7 +20,9 @@ scheduler backends), which runs the release's real ``run_scheduler_process`` aro
 
 from __future__ import annotations
 
+import fcntl
 import inspect
+import json
 import os
 import signal
 from typing import Any
@@ -63,9 +65,6 @@ def run_faulty_scheduler(*args: Any, **kwargs: Any) -> None:
 
 def _create_publishers_one_at_a_time(publisher_class: Any, server_args: Any) -> None:
     """Serialize the node's publishers' creation (their binds) with a lock beside the ipc path."""
-    import fcntl
-    import json
-
     endpoint = json.loads(server_args.kv_events_config or "{}").get("endpoint", "")
     if not endpoint.startswith("ipc://"):
         return
