@@ -240,12 +240,44 @@ def test_legacy_dp_size_reports_publisher_count(validator):
         args, READY, kv_event_sources=sources, legacy_dp_size=True, incarnation=LAUNCH
     )
     validator.validate(info)
-    assert info["dp_size"] == 2
-    assert info["attn_dp_size"] == 2
-    assert info["kv_event_rank_space"]["system_dp_size"] == 1
-    assert info["kv_event_rank_space"]["size"] == 2
-    # What released consumers check, and now pass: every rank below dp_size.
-    assert all(source["dp_rank"] < info["dp_size"] for source in info["kv_event_sources"])
+    assert (info["dp_size"], info["attn_dp_size"]) == (2, 1)
+    assert info["enable_dp_attention"] is True
+    # SGLang's own widths stay in the rank space.
+    assert info["kv_event_rank_space"] == {
+        "size": 2,
+        "system_dp_size": 1,
+        "attn_dp_size": 2,
+        "local_ranks": [1],
+    }
+
+
+@pytest.mark.parametrize(
+    ("consumer", "registers"),
+    [
+        ("ai-dynamo <= 1.6.1", lambda info: info["dp_size"]),
+        ("ai-dynamo >= 1.7", lambda info: info["dp_size"] * info.get("attn_dp_size", 1)),
+    ],
+)
+@pytest.mark.parametrize("legacy", [True, False])
+def test_legacy_dp_size_is_registered_exactly_by_every_dynamo_rule(consumer, registers, legacy):
+    """Each Dynamo version checks ranks against, and registers, its own product of the
+    widths: with the switch on, both equal the rank space on every node of the group."""
+    infos = [
+        build_server_info(
+            _server_args(node_rank=rank, attn_dp_size=2, enable_dp_attention=True),
+            READY,
+            kv_event_sources=[describe_source(rank, f"tcp://*:{5557 + rank}", "", 16)],
+            legacy_dp_size=legacy,
+            incarnation=LAUNCH,
+        )
+        for rank in (0, 1)
+    ]
+    registered = {registers(info) for info in infos}
+    exact = registered == {2} and all(
+        source["dp_rank"] < registers(info) for info in infos for source in info["kv_event_sources"]
+    )
+    # Off, SGLang's own widths: 1.6.1 sees one rank (and rejects rank 1), 1.7 sees both.
+    assert exact is (legacy or consumer == "ai-dynamo >= 1.7"), (consumer, registered)
 
 
 def test_legacy_dp_size_changes_nothing_on_the_old_generation(validator):

@@ -19,6 +19,7 @@ from typing import Any
 from sglang_sidecar_overlay.adapters import _sglang
 from sglang_sidecar_overlay.adapters._publisher import with_publisher_bounds
 from sglang_sidecar_overlay.contract.incarnation import launch_incarnation
+from sglang_sidecar_overlay.contract.legacy_dp_size import consumer_version
 from sglang_sidecar_overlay.contract.redaction import redact
 from sglang_sidecar_overlay.contract.server_info import (
     LEGACY_DP_SIZE_ENV,
@@ -40,24 +41,38 @@ def collected_sources(infos: Iterable[Mapping], extra: Iterable[Mapping] = ()) -
     return collected
 
 
-_legacy_default_logged = False
+_legacy_decision_logged = False
 
 
 def legacy_dp_size(server_args: Mapping[str, Any]) -> bool:
     """The ``dp_size`` switch for this node: as set, or on by default for a ``--sidecar``
-    that checks ranks against ``dp_size`` (logged once per process)."""
-    global _legacy_default_logged
+    that checks ranks against the data-parallel widths (logged once per process)."""
+    global _legacy_decision_logged
     sidecar = server_args.get("sidecar")
     enabled = legacy_dp_size_enabled(sidecar=sidecar)
-    if enabled and LEGACY_DP_SIZE_ENV not in os.environ and not _legacy_default_logged:
-        _legacy_default_logged = True
-        logger.info(
-            "%s not set: on for --sidecar %s, which checks every source's dp_rank against "
-            "dp_size (set it to 0 to report dp_size unchanged)",
-            LEGACY_DP_SIZE_ENV,
-            sidecar,
-        )
+    if not _legacy_decision_logged and (enabled or LEGACY_DP_SIZE_ENV in os.environ):
+        _legacy_decision_logged = True
+        logger.info("%s", legacy_dp_size_decision(enabled, sidecar))
     return enabled
+
+
+def legacy_dp_size_decision(enabled: bool, sidecar: str | None) -> str:
+    """One line: the switch's state, what it was based on, and the shape it serves."""
+    if LEGACY_DP_SIZE_ENV in os.environ:
+        basis = f"{LEGACY_DP_SIZE_ENV}={os.environ[LEGACY_DP_SIZE_ENV]!r} set by the operator"
+    else:
+        basis = f"{LEGACY_DP_SIZE_ENV} not set: on for --sidecar {sidecar}"
+    consumer = consumer_version(sidecar)
+    if consumer is not None:
+        distribution, version = consumer
+        basis += f" ({distribution} {version or 'not installed here'})"
+    if not enabled:
+        return f"{basis}: dp_size and attn_dp_size reported as SGLang resolved them"
+    return (
+        f"{basis}: dp_size reports the KV-publisher ranks and attn_dp_size 1, the shape "
+        "Dynamo <= 1.6.1 (dp_rank < dp_size) and >= 1.7 (dp_rank < dp_size * attn_dp_size) "
+        "both register exactly (set it to 0 to report SGLang's own widths)"
+    )
 
 
 def node_server_info(server_args: Any, scheduler_info: Mapping[str, Any]) -> dict:

@@ -131,8 +131,11 @@ def build_server_info(
     info["contract_version"] = CONTRACT_VERSION
     info["incarnation"] = launch
     if legacy_dp_size:
-        # Pre-0.5.22 meaning for consumers that check dp_rank < dp_size.
+        # The shape every Dynamo version registers exactly: dp_rank < dp_size (<= 1.6.1) and
+        # dp_rank < dp_size * attn_dp_size (>= 1.7) both bound the publisher ranks.
         info["dp_size"] = space["size"]
+        if "attn_dp_size" in info:
+            info["attn_dp_size"] = 1
     built: dict[str, Any] = redact(to_jsonable(info))
     return built
 
