@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -183,17 +184,25 @@ def test_probe_fails_when_batches_carry_another_rank() -> None:
     )
 
 
-def test_dp_size_pitfall_warns_and_fails_only_with_strict(publishers) -> None:
+def test_dp_size_pitfall_is_told_and_fails_only_for_a_consumer_that_rejects_it(
+    publishers,
+) -> None:
     info = good_info(publishers)
     info["dp_size"] = 1  # what SGLang 0.5.22+ reports for --dp 4 --enable-dp-attention
     with grpc_node(json.dumps(info), health=SERVING) as target:
-        lenient = run_cli("probe", target)
-        strict = run_cli("probe", target, "--strict", "--json")
-    assert lenient.returncode == 0, lenient.stdout
-    warning = next(line for line in lenient.stdout.splitlines() if "dp_size 1" in line)
-    assert "kv_event_sources[0].dp_rank" in warning and "kv_event_rank_space.size" in warning
-    assert strict.returncode == 1
-    assert json.loads(strict.stdout)["warnings"] == 2
+        strict = run_cli("probe", target, "--strict")
+        judged = run_cli("probe", target, "--consumer", "dynamo-1.6", "--json")
+    assert strict.returncode == 0, strict.stdout
+    told = next(line for line in strict.stdout.splitlines() if "outside dp_size 1" in line)
+    assert told.split()[:2] == ["·", "consumers"]
+    assert 'dynamo-1.6 rejects this node: "KV source rank 2 is outside dp_size 1"' in told
+    assert judged.returncode == 1
+    parsed = json.loads(judged.stdout)
+    assert parsed["warnings"] == 0 and parsed["errors"] == 1
+    assert parsed["consumers"]["dynamo-1.6"]["registers"] == 1
+    assert parsed["consumers"]["dynamo-1.6"]["rank_space"] == 4
+    (error,) = [c for c in parsed["checks"] if c["level"] == "error"]
+    assert "set it to 1 on every node" in error["message"]
 
 
 def test_not_serving_health_fails(publishers) -> None:
@@ -313,6 +322,14 @@ def test_status_reports_entry_point_and_sglang_plugins(tmp_path: Path) -> None:
 def test_status_shows_the_legacy_dp_size_switch() -> None:
     on = json.loads(run_cli("status", "--json", env={LEGACY_DP_SIZE_ENV: "1"}).stdout)
     assert on["legacy_dp_size"]["enabled"] is True
+    assert "attn_dp_size = 1" in on["legacy_dp_size"]["shape"]
+    unset = run_cli("status")
+    # The default, with the consumer version it would be decided for on this machine.
+    assert re.search(
+        r"unset \(SGLANG_SIDECAR_OVERLAY_LEGACY_DP_SIZE\): on for --sidecar "
+        r"dynamo\.sglang\.sidecar \(ai-dynamo-runtime (not installed|[0-9][^)]*)\)",
+        unset.stdout,
+    ), unset.stdout
     bad = run_cli("status", env={LEGACY_DP_SIZE_ENV: "maybe"})
     assert bad.returncode == 1 and "Traceback" not in bad.stderr
     assert "is not a boolean" in bad.stdout

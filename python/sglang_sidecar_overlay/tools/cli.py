@@ -42,6 +42,13 @@ _LABEL_WIDTH_CAP = 40
 # --- status -------------------------------------------------------------------------------------
 
 
+# What a node with the dp_size switch on serves, for status.
+LEGACY_SHAPE = (
+    "dp_size = the KV-publisher ranks, attn_dp_size = 1: registered exactly by Dynamo <= 1.6.1 "
+    "(dp_rank < dp_size) and >= 1.7 (dp_rank < dp_size * attn_dp_size)"
+)
+
+
 def plugin_allowed(environ: Mapping[str, str]) -> bool:
     """Whether SGLang's ``SGLANG_PLUGINS`` allow-list lets the overlay load.
 
@@ -82,8 +89,10 @@ def _native_status() -> dict:
 def collect_status(environ: Mapping[str, str] | None = None) -> dict:
     """The ``status --json`` object: what SGLang would do with the overlay on this machine."""
     from sglang_sidecar_overlay import releases
-    from sglang_sidecar_overlay.contract.server_info import (
+    from sglang_sidecar_overlay.contract.legacy_dp_size import (
+        DP_SIZE_CHECKING_SIDECARS,
         LEGACY_DP_SIZE_ENV,
+        consumer_version,
         legacy_dp_size_enabled,
     )
 
@@ -123,6 +132,12 @@ def collect_status(environ: Mapping[str, str] | None = None) -> dict:
         reasons.append(f"native module does not import: {native['error']}")
 
     legacy: dict[str, Any] = {"env": LEGACY_DP_SIZE_ENV, "value": env.get(LEGACY_DP_SIZE_ENV)}
+    # What a launch decides: as set, or (unset) on for a --sidecar that checks rank widths.
+    legacy["default_on_for"] = {}
+    for sidecar in sorted(DP_SIZE_CHECKING_SIDECARS):
+        distribution, installed = consumer_version(sidecar) or (None, None)
+        legacy["default_on_for"][sidecar] = {"distribution": distribution, "version": installed}
+    legacy["shape"] = LEGACY_SHAPE
     try:
         legacy["enabled"] = legacy_dp_size_enabled(env)
         legacy["error"] = None
@@ -199,9 +214,17 @@ def _status_lines(status: Mapping[str, Any]) -> list[tuple[str, str, str]]:
         lines.append(("error", "native module", native["error"]))
     if legacy["error"]:
         lines.append(("error", "legacy dp_size", legacy["error"]))
-    else:
+    elif legacy["value"] is not None:
         state = "on" if legacy["enabled"] else "off"
-        lines.append(("info", "legacy dp_size", f"{state} ({legacy['env']})"))
+        lines.append(("info", "legacy dp_size", f"{state} ({legacy['env']}={legacy['value']!r})"))
+    else:
+        consumers = ", ".join(
+            f"{sidecar} ({found['distribution']} {found['version'] or 'not installed'})"
+            for sidecar, found in legacy["default_on_for"].items()
+        )
+        text = f"unset ({legacy['env']}): on for --sidecar {consumers}, off for any other"
+        lines.append(("info", "legacy dp_size", text))
+    lines.append(("info", "legacy dp_size on", legacy["shape"]))
     return lines
 
 
@@ -245,8 +268,11 @@ def cmd_probe(args: argparse.Namespace, out: TextIO) -> int:
         print("probe: give one HOST:PORT or --group HOST:PORT HOST:PORT ...", file=sys.stderr)
         return EXIT_USAGE
     if args.watch is not None:
-        if args.json or args.listen is not None:
-            print("probe: --watch cannot be combined with --json or --listen", file=sys.stderr)
+        if args.json or args.listen is not None or args.consumer is not None:
+            print(
+                "probe: --watch cannot be combined with --json, --listen or --consumer",
+                file=sys.stderr,
+            )
             return EXIT_USAGE
         from sglang_sidecar_overlay.tools.probe.watch import run_watch
 
@@ -255,7 +281,11 @@ def cmd_probe(args: argparse.Namespace, out: TextIO) -> int:
     if args.group is not None:
         return _probe_group(args, out)
     report = probe.run_probe(
-        args.target, timeout=args.timeout, listen_seconds=args.listen, strict=args.strict
+        args.target,
+        timeout=args.timeout,
+        listen_seconds=args.listen,
+        strict=args.strict,
+        consumers=_consumer_names(args),
     )
     if args.json:
         _print_json(report.to_json(), out)
@@ -278,7 +308,11 @@ def _probe_group(args: argparse.Namespace, out: TextIO) -> int:
     from sglang_sidecar_overlay.tools.probe.group import run_group_probe
 
     report = run_group_probe(
-        args.group, timeout=args.timeout, listen_seconds=args.listen, strict=args.strict
+        args.group,
+        timeout=args.timeout,
+        listen_seconds=args.listen,
+        strict=args.strict,
+        consumers=_consumer_names(args),
     )
     if args.json:
         _print_json(report.to_json(), out)
@@ -300,6 +334,13 @@ def _probe_group(args: argparse.Namespace, out: TextIO) -> int:
     warnings = report.count(WARNING) + sum(node.count(WARNING) for node in report.nodes)
     print(_verdict(report.ok, errors, warnings), file=out)
     return report.exit_code()
+
+
+def _consumer_names(args: argparse.Namespace) -> list[str] | None:
+    """Every ``--consumer`` name given (each value may be a comma list); None when none was."""
+    if args.consumer is None:
+        return None
+    return [name for names in args.consumer for name in names]
 
 
 def group_node_lines(report: Any) -> list[str]:
@@ -407,6 +448,15 @@ def _non_negative_float(text: str) -> float:
     return value
 
 
+def _consumers(text: str) -> list[str]:
+    from sglang_sidecar_overlay.tools.probe.consumers import parse_consumers
+
+    try:
+        return parse_consumers(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="sglang-sidecar-overlay",
@@ -439,8 +489,12 @@ def build_parser() -> argparse.ArgumentParser:
         "with --listen, subscribe to every advertised KV-event source and its replay "
         "endpoint. Run it on the node: advertised endpoints are node-local. --group checks "
         "every node of one engine group and the group as a whole; --watch shows a live view. "
-        "Exit 0 when nothing is wrong, 1 on a contract error (or a warning with --strict), 3 "
-        "when the node (with --group: every node) cannot be reached or is not SGLang.",
+        "Each released consumer rule (dynamo-1.6, dynamo-1.7) is reported with the DP ranks it "
+        "would register against kv_event_rank_space.size; the consumers named by --consumer, "
+        "else the one the node's sidecar runs, fail the probe when they would not register "
+        "exactly the ranks that exist. Exit 0 when nothing is wrong, 1 on a contract error or "
+        "a failing consumer (or a warning with --strict), 3 when the node (with --group: every "
+        "node) cannot be reached or is not SGLang.",
     )
     probe.add_argument(
         "target", metavar="HOST:PORT", nargs="?", help="the node's native gRPC address"
@@ -478,6 +532,18 @@ def build_parser() -> argparse.ArgumentParser:
         type=_positive_float,
         default=5.0,
         help="deadline for each RPC (default 5)",
+    )
+    probe.add_argument(
+        "--consumer",
+        metavar="NAME",
+        type=_consumers,
+        action="append",
+        default=None,
+        help="the consumer that reads these replies, repeatable or comma-separated: dynamo-1.6 "
+        "(ai-dynamo <= 1.6.1), dynamo-1.7 (ai-dynamo >= 1.7), dynamo (both) or any (every "
+        "rule the probe knows); its verdict fails the probe (exit 1) unless it would register "
+        "exactly the ranks that exist. Default: the consumer the node's sidecar server "
+        "argument runs (dynamo.sglang.sidecar: both Dynamo rules); none known: information only",
     )
     probe.add_argument("--strict", action="store_true", help="warnings fail the probe too")
     probe.add_argument("--json", action="store_true", help="print one JSON object")

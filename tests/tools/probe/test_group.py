@@ -166,7 +166,11 @@ def test_duplicate_node_rank_and_rank_space_mismatch() -> None:
     assert found["kv_event_rank_space"].startswith("one rank space per group, got: ")
     assert "size 4 (system_dp 1 × attn_dp 4)" in found["kv_event_rank_space"]
     assert "size 8 (system_dp 1 × attn_dp 8)" in found["kv_event_rank_space"]
-    assert "dp_size" in found
+    # Two leaders: no consumer can tell what the group registers.
+    assert [v.reason for v in report.consumers] == [
+        f"{name} cannot tell the leader's registration: 2 nodes answer as node_rank 0"
+        for name in ("dynamo-1.6", "dynamo-1.7")
+    ]
 
 
 def test_an_unhealthy_node_fails_the_group() -> None:

@@ -5,17 +5,19 @@ rely on (``shapes`` by the schema, then ``checks``), dials the advertised endpoi
 ``grpc.health.v1`` when the server offers it (``reachability``) and, with a listen window,
 subscribes to every advertised publisher and asks each replay endpoint for its
 history (``listen``). Everything runs in the calling process and returns a ``ProbeReport``
-(``report``); the CLI renders it. Expected failures (closed port, timeout, a server that is
+(``report``); what each released consumer would register for this node is judged by
+``consumers``. The CLI renders the report. Expected failures (closed port, timeout, a server that is
 not SGLang) are a ``ProbeError`` with a one-line message; contract problems are ``Finding``s.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from sglang_sidecar_overlay.contract.endpoints import endpoint_problems
 from sglang_sidecar_overlay.tools.probe.checks import check_server_info
+from sglang_sidecar_overlay.tools.probe.consumers import consumer_findings, node_verdicts, select
 from sglang_sidecar_overlay.tools.probe.listen import listen, traffic_findings
 from sglang_sidecar_overlay.tools.probe.reachability import check_listening, health_findings
 from sglang_sidecar_overlay.tools.probe.report import (
@@ -105,11 +107,13 @@ def run_probe(
     strict: bool = False,
     until: Callable[[list[RankTraffic]], bool] | None = None,
     dial_endpoints: bool = True,
+    consumers: Sequence[str] | None = None,
 ) -> ProbeReport:
     """Probe ``target`` (HOST:PORT); never raises for expected failures.
 
     ``dial_endpoints=False`` (the probe runs off the node): node-local endpoints (loopback,
-    ``ipc://``) are checked for shape but neither dialled nor listened to.
+    ``ipc://``) are checked for shape but neither dialled nor listened to. ``consumers``
+    (``--consumer`` names) judge the probe; None: those the node's ``sidecar`` runs, if any.
     """
     report = ProbeReport(target=target, strict=strict)
     try:
@@ -123,6 +127,11 @@ def run_probe(
     info, findings = check_server_info(text)
     report.server_info = info
     report.findings = findings
+    if info is not None:
+        selection = select(consumers, [info])
+        report.consumers = node_verdicts(info)
+        report.consumers_selected = selection.names
+        report.findings += consumer_findings(report.consumers, selection)
     reachable = info
     if info is not None and not dial_endpoints:
         reachable, skipped = _remote_view(info)

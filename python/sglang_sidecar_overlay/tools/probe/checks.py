@@ -4,9 +4,10 @@ Shapes (types, required keys, patterns, enums, the endpoint grammar) are checked
 packaged JSON Schema alone (``shapes``). The rules here are the ones a schema cannot say:
 ``node_rank`` < ``nnodes``, ranks inside the rank space and unique, ``local_ranks`` equal to
 the advertised ranks, the rank space's size, equal block sizes, sorted sources, unique
-endpoints, the ``dp_size`` pitfall, and secrets anywhere by the redaction rule. They run only
-on fields the schema passed. Each check group builds its findings with a
-``report.CheckFindings``, which also gives its OK line. Problems are ``Finding``s, never
+endpoints, and secrets anywhere by the redaction rule (what each released consumer makes of
+``dp_size`` and ``attn_dp_size`` is ``consumers``'s). They run only on fields the schema
+passed. Each check group builds its findings with a ``report.CheckFindings``, which also gives
+its OK line. Problems are ``Finding``s, never
 exceptions.
 """
 
@@ -26,7 +27,7 @@ from sglang_sidecar_overlay.contract.values import is_int
 from sglang_sidecar_overlay.tools.probe.report import OK, CheckFindings, Finding, Location
 from sglang_sidecar_overlay.tools.probe.shapes import SHORT, Flagged, check_shapes
 
-__all__ = ["MAX_NESTING", "check_server_info", "describe_incarnation"]
+__all__ = ["MAX_NESTING", "check_server_info", "describe_incarnation", "rank_space_size"]
 
 # Deepest object/array nesting the checks walk; real server info is under 10 levels.
 MAX_NESTING = 64
@@ -170,7 +171,7 @@ def _duration(seconds: float) -> str:
 # --- sources and the rank space ----------------------------------------------------------------
 
 
-def _rank_space_size(info: Mapping[str, Any]) -> tuple[int | None, str]:
+def rank_space_size(info: Mapping[str, Any]) -> tuple[int | None, str]:
     """The width of the publisher-rank space and the field it came from."""
     space = info.get(SPACE)
     if isinstance(space, Mapping) and is_int(space.get("size")) and space["size"] > 0:
@@ -193,7 +194,7 @@ class _SourceRules:
         self.sources = sources
         self.flagged = flagged
         self.found = CheckFindings(SOURCES)
-        self.size, self.size_field = _rank_space_size(info)
+        self.size, self.size_field = rank_space_size(info)
         self.ranks_seen: dict[Any, int] = {}
         self.endpoints_seen: dict[str, str] = {}
         self.block_sizes: list[tuple[int, int]] = []
@@ -259,15 +260,6 @@ class _SourceRules:
                 at,
                 f"rank {rank} is outside the publisher-rank space of size {self.size} "
                 f"({self.size_field})",
-            )
-        dp_size = self.info.get("dp_size")
-        if is_int(dp_size) and dp_size >= 1 and rank >= dp_size:
-            # Released consumers (ai-dynamo ≤ 1.6.1) check dp_rank < dp_size and reject the node.
-            self.found.warning(
-                at,
-                f"rank {rank} ≥ top-level dp_size {dp_size}: a consumer validating against "
-                "dp_size rejects this node; validate against kv_event_rank_space.size "
-                "(or set SGLANG_SIDECAR_OVERLAY_LEGACY_DP_SIZE=1 on the node)",
             )
 
     def rank_space_object(self) -> None:

@@ -5,8 +5,10 @@ in parallel, then checks what only the group as a whole can say:
 
 - one ``dist_init_addr`` and one ``nnodes``; exactly ``nnodes`` nodes with distinct
   ``node_rank`` in ``range(nnodes)``;
-- one rank space (``kv_event_rank_space`` widths) and one top-level ``dp_size`` (consumers
-  compare them, and the legacy switch must be the same on every node);
+- one rank space (``kv_event_rank_space`` widths);
+- what each released consumer registers for the group (``consumers``): the leader's
+  (node_rank 0) registration against the rank space, every follower checked against its own
+  widths and the leader's registration; the judging consumers fail the group;
 - the union of ``kv_event_sources`` covers every publisher rank of the space exactly once: a
   missing rank is named with the node SGLang places it on (rank × nnodes ÷ size), a doubled
   rank with every node advertising it;
@@ -27,6 +29,12 @@ from typing import Any
 
 from sglang_sidecar_overlay.contract.values import is_int
 from sglang_sidecar_overlay.tools.exit_codes import EXIT_OK, EXIT_PROBLEM, EXIT_UNREACHABLE
+from sglang_sidecar_overlay.tools.probe.consumers import (
+    Verdict,
+    consumer_findings,
+    group_verdicts,
+    select,
+)
 from sglang_sidecar_overlay.tools.probe.report import (
     ERROR,
     OK,
@@ -34,6 +42,7 @@ from sglang_sidecar_overlay.tools.probe.report import (
     Finding,
     ProbeError,
     ProbeReport,
+    consumers_json,
     count_level,
     passes,
 )
@@ -83,6 +92,11 @@ class GroupReport:
     # rank -> [(node_rank, target)] for every advertised rank.
     owners: dict[int, list[tuple[Any, str]]] = dataclasses.field(default_factory=dict)
     rank_space_size: int | None = None
+    # ``--consumer`` names (None: the nodes' sidecar decides), every consumer rule's verdict
+    # on the group, and the names that judge it.
+    consumer_names: Sequence[str] | None = None
+    consumers: list[Verdict] = dataclasses.field(default_factory=list)
+    consumers_selected: list[str] = dataclasses.field(default_factory=list)
 
     def count(self, level: str) -> int:
         return count_level(self.findings, level)
@@ -112,6 +126,8 @@ class GroupReport:
             "checks": [finding.to_json() for finding in self.findings],
             "errors": self.count(ERROR),
             "warnings": self.count(WARNING),
+            "consumers": consumers_json(self.consumers),
+            "consumers_selected": self.consumers_selected,
             "nodes": [node.to_json() for node in self.nodes],
         }
 
@@ -123,12 +139,17 @@ def run_group_probe(
     listen_seconds: float | None = None,
     strict: bool = False,
     probe_node: Callable[..., ProbeReport] | None = None,
+    consumers: Sequence[str] | None = None,
 ) -> GroupReport:
-    """Probe every target in parallel and check the group; never raises for expected failures."""
+    """Probe every target in parallel and check the group; never raises for expected failures.
+
+    ``consumers`` (``--consumer`` names) judge the group; None: those the nodes' ``sidecar``
+    runs, if any. Each node's own consumer verdicts are information: the group's decide.
+    """
     from sglang_sidecar_overlay.tools.probe import run_probe
 
     probe_node = probe_node or run_probe
-    report = GroupReport(targets=list(targets), strict=strict)
+    report = GroupReport(targets=list(targets), strict=strict, consumer_names=consumers)
 
     def one(target: str) -> ProbeReport:
         return probe_node(
@@ -137,6 +158,7 @@ def run_group_probe(
             listen_seconds=listen_seconds,
             strict=strict,
             dial_endpoints=target_is_local(target),
+            consumers=(),
         )
 
     with futures.ThreadPoolExecutor(max_workers=max(1, min(8, len(targets)))) as pool:
@@ -181,13 +203,8 @@ def check_group(report: GroupReport) -> list[Finding]:
         return found
     found += _check_same(answered, "dist_init_addr", "one dist_init_addr per group")
     found += _check_same(answered, "nnodes", "one nnodes per group")
-    found += _check_same(
-        answered,
-        "dp_size",
-        "consumers compare dp_size across nodes; set SGLANG_SIDECAR_OVERLAY_LEGACY_DP_SIZE "
-        "on every node or none",
-    )
     found += _check_rank_space(answered)
+    found += _check_consumers(report, answered)
     found += _check_nodes(report, answered)
     found += _check_ranks(report, answered)
     found += _check_source_agreement(answered)
@@ -215,6 +232,15 @@ def _check_same(nodes: list[ProbeReport], key: str, why: str) -> list[Finding]:
         return []
     described = "; ".join(f"{value} on {', '.join(labels)}" for value, labels in values.items())
     return [Finding(ERROR, GROUP, key, f"differs across nodes ({why}): {described}")]
+
+
+def _check_consumers(report: GroupReport, nodes: list[ProbeReport]) -> list[Finding]:
+    """What each consumer rule registers for the group; the selected ones judge it."""
+    replies = [(_node_label(node), node.server_info or {}) for node in nodes]
+    selection = select(report.consumer_names, [info for _label, info in replies])
+    report.consumers = group_verdicts(replies)
+    report.consumers_selected = selection.names
+    return consumer_findings(report.consumers, selection)
 
 
 def _space_of(node: ProbeReport) -> tuple | None:

@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sglang_sidecar_overlay.tools.exit_codes import EXIT_OK, EXIT_PROBLEM, EXIT_UNREACHABLE
+
+if TYPE_CHECKING:
+    from sglang_sidecar_overlay.tools.probe.consumers import Verdict
 
 __all__ = [
     "ERROR",
@@ -27,6 +30,7 @@ __all__ = [
     "ProbeError",
     "ProbeReport",
     "RankTraffic",
+    "consumers_json",
     "count_level",
     "field_path",
     "passes",
@@ -48,6 +52,11 @@ def field_path(location: Location) -> str:
     for part in location:
         text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
     return text
+
+
+def consumers_json(verdicts: Iterable[Verdict]) -> dict[str, Any]:
+    """``{"dynamo-1.6": {"registers", "rank_space", "ok", "reason"}, ...}``."""
+    return {verdict.consumer: verdict.to_json() for verdict in verdicts}
 
 
 def count_level(findings: Iterable[Finding], level: str) -> int:
@@ -205,6 +214,9 @@ class ProbeReport:
     health: dict | None = None
     listen_seconds: float | None = None
     traffic: list[RankTraffic] = dataclasses.field(default_factory=list)
+    # Every consumer rule's verdict on this node's reply, and the names that judge the probe.
+    consumers: list[Verdict] = dataclasses.field(default_factory=list)
+    consumers_selected: list[str] = dataclasses.field(default_factory=list)
 
     def count(self, level: str) -> int:
         return count_level(self.findings, level)
@@ -236,6 +248,8 @@ class ProbeReport:
             "checks": [finding.to_json() for finding in self.findings],
             "errors": self.count(ERROR),
             "warnings": self.count(WARNING),
+            "consumers": consumers_json(self.consumers),
+            "consumers_selected": self.consumers_selected,
             "listen": (
                 None
                 if self.listen_seconds is None
