@@ -3,11 +3,17 @@
 The released consumer of the follower metadata contract is the module ``dynamo.sglang.sidecar``
 from the ``ai-dynamo`` and ``ai-dynamo-runtime`` wheels. Their declared dependencies pull in a
 full serving stack (transformers and more), but the sidecar itself needs only ``pydantic`` and
-``uvloop`` beside them at import time. So both wheels go in with ``--no-deps``, and ``pydantic``
-(with its own small dependencies) and ``uvloop`` are added only when the environment lacks them:
+``uvloop`` beside them at import time, and the router ``pyyaml``, ``msgspec`` and ``packaging``
+too. So both wheels go in with ``--no-deps``, and those five (``pydantic`` with its own small
+dependencies) are added only when the environment lacks them:
 an SGLang environment already has both, and its pinned versions are left alone.
 
     python scripts/dynamo_env.py --python ENV/bin/python [--version 1.6.1]
+    python scripts/dynamo_env.py --venv DIR --version 1.7.0.dev20261026
+
+``--venv`` makes ``DIR`` an environment of its own holding only that consumer version (the
+test tier runs a second Dynamo version beside the one in the SGLang env that way: the
+sidecar and the router need nothing of SGLang's).
 
 From another script: ``install_dynamo(python_path, environ=...)``; returns the installed
 versions. A second run finds everything in place and installs nothing. Uses the environment's
@@ -33,9 +39,15 @@ logger = logging.getLogger(__name__)
 DEFAULT_VERSION = "1.6.1"
 PROVIDER_MODULE = "dynamo.sglang.sidecar"
 DYNAMO_DISTRIBUTIONS = ("ai-dynamo", "ai-dynamo-runtime")
-# What ai-dynamo-runtime declares for pydantic; used only when the environment has none.
-PYDANTIC_REQUIREMENT = "pydantic>=2.10.6,<=2.13.5"
-UVLOOP_REQUIREMENT = "uvloop"
+# What the sidecar and the router import beside the two wheels, each installed only when the
+# environment has none; pydantic as ai-dynamo-runtime declares it.
+IMPORT_TIME_REQUIREMENTS = {
+    "pydantic": "pydantic>=2.10.6,<=2.13.5",
+    "uvloop": "uvloop",
+    "pyyaml": "pyyaml",
+    "msgspec": "msgspec",
+    "packaging": "packaging",
+}
 
 # Run inside the target environment: versions present, and whether the provider imports.
 _PROBE = r"""
@@ -45,7 +57,8 @@ def version(name):
         return md.version(name)
     except md.PackageNotFoundError:
         return None
-report = {name: version(name) for name in ("ai-dynamo", "ai-dynamo-runtime", "pydantic", "uvloop")}
+names = ("ai-dynamo", "ai-dynamo-runtime", "pydantic", "uvloop", "pyyaml", "msgspec", "packaging")
+report = {name: version(name) for name in names}
 try:
     module = importlib.import_module("dynamo.sglang.sidecar")
     report["provider_error"] = None if callable(getattr(module, "main", None)) else "no main(argv)"
@@ -103,11 +116,7 @@ def install_dynamo(
             quiet=quiet,
             environ=env,
         )
-    extras = []
-    if before["pydantic"] is None:
-        extras.append(PYDANTIC_REQUIREMENT)
-    if before["uvloop"] is None:
-        extras.append(UVLOOP_REQUIREMENT)
+    extras = [req for name, req in IMPORT_TIME_REQUIREMENTS.items() if before[name] is None]
     if extras:
         _pip_install(python, extras, no_deps=False, quiet=quiet, environ=env)
 
@@ -117,18 +126,40 @@ def install_dynamo(
             f"{PROVIDER_MODULE} is not usable in {python} after the install: {json.dumps(after)}"
         )
     logger.info(
-        "installed ai-dynamo %s for %s (pydantic %s, uvloop %s)",
+        "installed ai-dynamo %s for %s (%s)",
         version,
         python,
-        after["pydantic"],
-        after["uvloop"],
+        ", ".join(f"{name} {after[name]}" for name in IMPORT_TIME_REQUIREMENTS),
     )
     return after
+
+
+def consumer_venv(
+    venv: str | os.PathLike[str],
+    version: str,
+    *,
+    quiet: bool = True,
+    environ: Mapping[str, str] | None = None,
+) -> Path:
+    """``venv`` as an environment of its own with ``version``'s sidecar and router, made with
+    ``uv venv`` (the first on ``environ``'s PATH) when missing; its interpreter. Idempotent."""
+    env = _clean_env(environ)
+    python = Path(venv) / "bin" / "python"
+    if not python.exists():
+        uv = shutil.which("uv", path=env.get("PATH"))
+        if uv is None:
+            raise DynamoInstallError(f"no uv on PATH to create {venv}")
+        command = [uv, "venv", "-q", "--python", sys.executable, os.fspath(venv)]
+        if subprocess.run(command, check=False, env=env).returncode != 0:
+            raise DynamoInstallError(f"creating {venv} failed")
+    install_dynamo(python, version, quiet=quiet, environ=env)
+    return python
 
 
 def _is_complete(report: dict, version: str) -> bool:
     return (
         all(report[name] == version for name in DYNAMO_DISTRIBUTIONS)
+        and all(report[name] is not None for name in IMPORT_TIME_REQUIREMENTS)
         and report["provider_error"] is None
     )
 
@@ -174,13 +205,18 @@ def _clean_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--python", required=True, help="interpreter of the target environment")
+    target = parser.add_mutually_exclusive_group(required=True)
+    target.add_argument("--python", help="interpreter of the target environment")
+    target.add_argument("--venv", help="a directory made an environment of its own (uv venv)")
     parser.add_argument("--version", default=DEFAULT_VERSION, help="ai-dynamo release")
     parser.add_argument("--verbose", action="store_true", help="show pip's output")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
-        report = install_dynamo(args.python, args.version, quiet=not args.verbose)
+        python = args.python
+        if args.venv is not None:
+            python = consumer_venv(args.venv, args.version, quiet=not args.verbose)
+        report = install_dynamo(python, args.version, quiet=not args.verbose)
     except DynamoInstallError as exc:
         logger.error("%s", exc)
         return 1

@@ -32,7 +32,7 @@ from pathlib import Path
 from types import ModuleType
 
 from cache import cache_root, locked
-from dynamo_env import install_dynamo
+from dynamo_env import consumer_venv, install_dynamo
 
 ROOT = Path(__file__).resolve().parent.parent
 UV_VERSION = "0.13.9"
@@ -366,9 +366,36 @@ def prepare_session_env(env: Path, wheel: Path) -> None:
 
 
 def install_consumer(env: Path) -> None:
-    """The released Dynamo sidecar, the real client of the contract; idempotent (~0.4 s)."""
+    """The released Dynamo sidecar, the real client of the contract, in the SGLang env, and
+    each next consumer version in an env of its own (``next_consumer_pythons``); idempotent
+    (~0.4 s each once built)."""
+    install_dynamo(env / "bin" / "python", environ=_uv_on_path())
+    for version in NEXT_CONSUMERS:
+        venv = consumer_env_path(version)
+        with locked(venv.with_name(venv.name + ".lock")):
+            consumer_venv(venv, version, environ=_uv_on_path())
+
+
+# Consumer versions the tier runs beside the SGLang env's own Dynamo (dynamo_env's default),
+# each from its own cached env: the newest published build first.
+NEXT_CONSUMERS = ("1.7.0.dev20261026",)
+# How a session hands them to test-registered (overlay_harness.dynamo reads it): a JSON
+# object {version: interpreter}.
+NEXT_CONSUMERS_ENV = "SGLANG_OVERLAY_TEST_DYNAMO_PYTHONS"
+
+
+def consumer_env_path(version: str) -> Path:
+    return cache_root() / "envs" / f"dynamo-{version}-py{python_version()}"
+
+
+def next_consumer_pythons() -> dict[str, str]:
+    """{version: interpreter} of every next consumer version's env."""
+    return {v: str(consumer_env_path(v) / "bin" / "python") for v in NEXT_CONSUMERS}
+
+
+def _uv_on_path() -> dict[str, str]:
     # dynamo_env installs with the env's pip or the uv on PATH; these envs have no pip.
     uv = uv_binary()
     environ = uv_env()
     environ["PATH"] = f"{uv.parent}{os.pathsep}{environ.get('PATH', '')}"
-    install_dynamo(env / "bin" / "python", environ=environ)
+    return environ

@@ -10,6 +10,7 @@ sessions pick test ports from disjoint shares of the port range.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import subprocess
 import sys
@@ -18,7 +19,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from envs import ROOT, log
+from envs import NEXT_CONSUMERS_ENV, ROOT, log, next_consumer_pythons
 
 # Sessions run side by side pick test ports from disjoint shares of the port range
 # (test-registered/overlay_harness/cluster.py reads it): "<index>/<count>".
@@ -61,6 +62,7 @@ class Session:
         environ.pop("VIRTUAL_ENV", None)
         # The project is tested as installed: the source tree must not shadow the wheel.
         environ.pop("PYTHONPATH", None)
+        environ[NEXT_CONSUMERS_ENV] = json.dumps(next_consumer_pythons())
         environ.update(self.extra_env)
         # As an activated env: its tools (ninja) on PATH; JIT-built extensions kept per env,
         # since every release's torch would otherwise share one build directory.

@@ -28,8 +28,15 @@ In order (the last one takes the group down):
    and none on rank 0, and the other way round; the first prompt sent unpinned through the
    router's ``generate`` goes to rank 1 (on the follower node) and is served from its cache,
    a second one to rank 0;
-6. the switch's default for this consumer: each node logs it once and reports ``dp_size`` 2;
-7. a scheduler that raises (a request with token ids beyond the vocabulary, pinned to rank 1:
+6. the next Dynamo release (1.7, from an env of its own) beside the supervised 1.6.1 sidecars,
+   on the same launch and with the switch still unset: its sidecar on both nodes and its
+   router register exactly ranks 0 and 1, see each rank's pinned prompt on that rank, route
+   an unpinned repeat to the rank that holds it and fresh prompts to ranks that exist; the
+   shape the switch served before it reported ``attn_dp_size`` 1 (``dp_size`` 2 beside
+   ``attn_dp_size`` 2) makes that version's relay refuse the follower;
+7. the switch's default for this consumer: each node logs it once and reports ``dp_size`` 2
+   (and ``attn_dp_size`` 1 where the release reports it);
+8. a scheduler that raises (a request with token ids beyond the vocabulary, pinned to rank 1:
    SGLang's SIGQUIT path) while the follower's metadata server and sidecar run: the follower's
    health turns NOT_SERVING, its sidecar goes with it, the router drops rank 1, and
    ``probe --group`` names the follower.
@@ -66,6 +73,10 @@ OUT_OF_VOCABULARY = [600 + i for i in range(32)]
 NEW_TOKENS = 4
 PROBE_WINDOW = 15
 PROBE_REQUESTS = 60
+FRESH_PROMPTS = 4
+# Dynamo >= 1.7's relay, given a follower whose dp_size * attn_dp_size differs from what its
+# leader registered.
+REGISTRATION_MISMATCH = "does not match leader registration"
 
 
 def overlay_cli(on: nodes.Node, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -294,14 +305,74 @@ class TestTwoNodeGroup(NodesTestCase, NodeInfoChecks):
         )
         sys.stderr.write(f"[{RELEASE}] routed through the router's generate: {routed}\n")
 
-    def test_6_the_switch_defaults_on_for_this_consumer(self):
+    def test_6_the_next_dynamo_registers_every_rank_with_no_switch_set(self):
+        nodes = [(node.host, self.target(node_rank)) for node_rank, node in enumerate(self.nodes)]
+        for version, python in dynamo.next_consumers().items():
+            began = time.monotonic()
+            with dynamo.ConsumerSet(version, python, nodes, PAGE_SIZE, self.workdir) as consumer:
+                registered = consumer.router.registered_ranks(kv_events.prompt())
+                self.assertEqual(registered, {0, 1}, f"ai-dynamo {version}")
+                scores, routed = self._route_through(consumer.router, version)
+                fresh = [consumer.router.generate(kv_events.prompt(), 1) for _ in
+                         range(FRESH_PROMPTS)]  # fmt: skip
+                self.assertTrue(all(r["prefill_dp_rank"] in (0, 1) for r in fresh), fresh)
+                self.assertEqual(consumer.exited(), [], f"ai-dynamo {version}")
+                refused = self._old_switch_shape_refused(consumer)
+            sys.stderr.write(
+                f"[{RELEASE}] ai-dynamo {version}: registered ranks {sorted(registered)}; "
+                f"overlap after each pinned prompt {scores}; unpinned repeats {routed}; "
+                f"fresh prompts on ranks {[r['prefill_dp_rank'] for r in fresh]}; old switch "
+                f"shape: {refused!r}; {time.monotonic() - began:.0f} s\n"
+            )
+
+    def _route_through(self, router: dynamo.Router, version: str) -> tuple[dict, dict]:
+        """A prompt pinned to each rank shows on that rank only; its unpinned repeat goes
+        there and is served from that rank's cache."""
+        on_rank = {1: kv_events.prompt(), 0: kv_events.prompt()}
+        pages = len(kv_events.stored_prompt_pages(on_rank[1], NEW_TOKENS))
+        scores = {}
+        for rank, prompt in on_rank.items():
+            self.leader.generate(prompt, NEW_TOKENS, rank)
+            scores[rank] = nodes.wait_for(
+                lambda p=prompt, r=rank: (s := router.overlap(p))[r] == pages and s,
+                dynamo.ROUTER_DEADLINE,
+                f"ai-dynamo {version}'s router to see the prompt's {pages} pages on rank {rank}",
+            )
+            self.assertEqual(scores[rank], {rank: pages, 1 - rank: 0}, version)
+        routed = {rank: router.generate(p, NEW_TOKENS) for rank, p in on_rank.items()}
+        for rank, result in routed.items():
+            self.assertEqual(result["prefill_dp_rank"], rank, (version, result))
+            self.assertEqual(result["cached_tokens"], kv_events.reused_tokens(on_rank[rank]))
+        return scores, routed
+
+    def _old_switch_shape_refused(self, consumer: dynamo.ConsumerSet) -> str:
+        """The follower's real reply in the shape the switch served before (``dp_size`` raised,
+        ``attn_dp_size`` kept), served on the follower's host: ``consumer``'s relay, whose
+        leader registered the launch's real widths, refuses it. Its log line."""
+        old = dict(self.infos[1], attn_dp_size=self.infos[1]["kv_event_rank_space"]["attn_dp_size"])
+        address = self.group.address(1)
+        with self.follower.stream(probes.serve_reply, json.dumps(old), address) as served:
+            port = served.next_item(timeout=60)
+            relay = consumer.sidecar(self.follower.host, f"{address}:{port}", "old-shape")
+            consumer.sidecars.append(relay)
+            try:
+                relay.proc.wait(timeout=dynamo.ROUTER_DEADLINE)
+            except subprocess.TimeoutExpired:
+                self.fail(f"the relay accepted {old['dp_size']} x {old['attn_dp_size']} ranks")
+        log = relay.log_text()
+        self.assertNotEqual(relay.proc.returncode, 0, log[-2000:])
+        self.assertIn(REGISTRATION_MISMATCH, log)
+        return next(line for line in log.splitlines() if REGISTRATION_MISMATCH in line)[-300:]
+
+    def test_7_the_switch_defaults_on_for_this_consumer(self):
         for node, info in zip(self.nodes, self.infos, strict=True):
             self.assertEqual(info["dp_size"], 2, node.name)
+            self.assertEqual(info.get("attn_dp_size", 1), 1, node.name)
             if differences.differs(differences.DYNAMO_SWITCH_DEFAULT):
                 continue  # set explicitly there (overlay_harness.dynamo.consumer_environ)
             self.assertEqual(node.log_text().count(SWITCH_DEFAULT_LOG), 1, node.log_tail())
 
-    def test_7_a_raising_follower_scheduler_takes_its_sidecar_and_rank_away(self):
+    def test_8_a_raising_follower_scheduler_takes_its_sidecar_and_rank_away(self):
         prompt = kv_events.prompt()
         self.assertEqual(set(self.router.wait_for_ranks({0, 1}, prompt)), {0, 1})
         sidecar = consumer_pids(self.follower)

@@ -1,16 +1,23 @@
 """NVIDIA Dynamo's released parts as this tier runs them: no etcd, no NATS.
 
-The released SGLang sidecar (``dynamo.sglang.sidecar``, ai-dynamo 1.6.1) runs as a node's
-``--sidecar``; Dynamo's standalone KV router (``python -m dynamo.router``) runs on the leader's
-host. Discovery goes through files in a private directory (``DYN_FILE_KV``, one per group, since
-leftover files mislead the next group), requests over TCP, events over ZMQ; every Dynamo
-process advertises its host's address, so the router reaches a follower's relay over the
-test's bridge.
+The released SGLang sidecar (``dynamo.sglang.sidecar``, ai-dynamo 1.6.1, installed in the
+SGLang env) runs as a node's ``--sidecar``; Dynamo's standalone KV router
+(``python -m dynamo.router``) runs on the leader's host. Discovery goes through files in a
+private directory (``DYN_FILE_KV``, one per group, since leftover files mislead the next
+group), requests over TCP, events over ZMQ; every Dynamo process advertises its host's
+address, so the router reaches a follower's relay over the test's bridge.
+
+The next consumer versions (``next_consumers``: ai-dynamo 1.7 today) each come from an env of
+their own (``scripts/envs.py`` builds it and hands its interpreter over in
+``SGLANG_OVERLAY_TEST_DYNAMO_PYTHONS``). ``ConsumerSet`` starts one version's sidecar on
+every node by hand, pointed at the node's gRPC server, and its router, in a discovery
+directory of their own: they run beside the supervised 1.6.1 sidecars of the same launch.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -18,7 +25,7 @@ import sys
 import uuid
 from pathlib import Path
 
-from overlay_harness import differences, inside, netns, probes
+from overlay_harness import differences, dynamo_client, inside, netns
 from overlay_harness.nodes import wait_for
 
 DYNAMO = "dynamo.sglang.sidecar"
@@ -35,6 +42,19 @@ ROUTER_GENERATE = "dynamo.router.generate"
 # The leader's flag the released sidecar checks in server info.
 LEADER_ARGS = ["--incremental-streaming-output"]
 ROUTER_DEADLINE = 180.0
+STOP_DEADLINE = 20.0
+NEXT_CONSUMERS_ENV = "SGLANG_OVERLAY_TEST_DYNAMO_PYTHONS"
+
+
+def next_consumers() -> dict[str, str]:
+    """{version: interpreter} of the consumer versions run beside the SGLang env's own."""
+    raw = os.environ.get(NEXT_CONSUMERS_ENV)
+    if not raw:
+        raise AssertionError(
+            f"{NEXT_CONSUMERS_ENV} is not set: run this tier through scripts/sglang_envs.py, "
+            "which builds each next Dynamo version's env"
+        )
+    return json.loads(raw)
 
 
 def consumer_environ(workdir: Path, *, legacy: bool | None) -> dict[str, str]:
@@ -76,15 +96,25 @@ def sidecar_args(*, follower: bool, endpoint: str) -> list[str]:
     return args
 
 
-class Router:
-    """Dynamo's standalone KV router on ``host`` (the leader's), routing to the leader's
-    registered worker with the group's page size; its log in ``log_path``."""
+class DynamoProcess:
+    """One Dynamo module (``python -m MODULE ARGS``) on ``host``, in its own session, with
+    ``environ`` (default: this process's) and its output in ``log_path``."""
 
-    def __init__(self, host: netns.Host | None, block_size: int, log_path: Path):
+    def __init__(
+        self,
+        host: netns.Host | None,
+        module: str,
+        args: list[str],
+        log_path: Path,
+        *,
+        python: str = sys.executable,
+        environ: dict[str, str] | None = None,
+    ):
         self.host = host
         self.log_path = log_path
-        self.argv = [sys.executable, "-m", "dynamo.router", "--endpoint", WORKER_ENDPOINT,
-                     "--router-block-size", str(block_size)]  # fmt: skip
+        self.python = python
+        self.environ = environ
+        self.argv = [python, "-m", module, *args]
         with open(log_path, "wb") as log:
             self.proc = subprocess.Popen(
                 host.command(self.argv) if host is not None else self.argv,
@@ -92,13 +122,53 @@ class Router:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
+                env=environ,
             )
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=STOP_DEADLINE)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=STOP_DEADLINE)
+
+
+class Router(DynamoProcess):
+    """Dynamo's standalone KV router on ``host`` (the leader's), routing to the leader's
+    registered worker with the group's page size; its log in ``log_path``. ``python`` and
+    ``environ`` choose the Dynamo version and its discovery directory; its clients run with
+    the same two."""
+
+    def __init__(
+        self,
+        host: netns.Host | None,
+        block_size: int,
+        log_path: Path,
+        *,
+        python: str = sys.executable,
+        environ: dict[str, str] | None = None,
+    ):
+        args = ["--endpoint", WORKER_ENDPOINT, "--router-block-size", str(block_size)]
+        super().__init__(host, "dynamo.router", args, log_path, python=python, environ=environ)
+
+    def call(self, endpoint: str, payload: dict) -> list:
+        """Every response of one call to ``endpoint``, from this router's host and version."""
+        if self.python == sys.executable and self.environ is None:
+            return inside.run(self.host, dynamo_client.call, endpoint, payload)
+        return inside.run(
+            self.host, dynamo_client.call, endpoint, payload,
+            python=self.python, environ=self.environ,
+        )  # fmt: skip
 
     def overlap(self, token_ids: list[int]) -> dict[int, int]:
         """Matched device blocks per DP rank of the registered worker, as the router sees them."""
-        (scores,) = inside.run(
-            self.host, probes.dynamo_call, OVERLAP_SCORES, {"token_ids": token_ids}
-        )
+        (scores,) = self.call(OVERLAP_SCORES, {"token_ids": token_ids})
         return {worker["dp_rank"]: worker["device_blocks"] for worker in scores["workers"]}
 
     def wait_for_ranks(self, ranks: set[int], token_ids: list[int]) -> dict[int, int]:
@@ -111,7 +181,21 @@ class Router:
             f"the router to see DP ranks {sorted(ranks)}",
         )
 
+    def registered_ranks(self, token_ids: list[int]) -> set[int]:
+        """The DP ranks the router scores, once it scores any: the leader's registration."""
+        return set(
+            wait_for(
+                lambda: self._overlap_or_none(token_ids) or None,
+                ROUTER_DEADLINE,
+                "the router to score a registered worker",
+            )
+        )
+
     def _overlap_or_none(self, token_ids: list[int]) -> dict[int, int] | None:
+        if self.proc.poll() is not None:  # no use waiting out a deadline
+            raise RuntimeError(
+                f"{self.argv} exited {self.proc.returncode}: {self.log_text()[-2000:]}"
+            )
         with contextlib.suppress(AssertionError):
             return self.overlap(token_ids)
         return None
@@ -124,7 +208,7 @@ class Router:
             "stop_conditions": {"max_tokens": max_tokens, "ignore_eos": True},
             "sampling_options": {"temperature": 0.0},
         }
-        items = inside.run(self.host, probes.dynamo_call, ROUTER_GENERATE, request)
+        items = self.call(ROUTER_GENERATE, request)
         routed = next(i["routing_data"]["worker_id"] for i in items if "routing_data" in i
                       and "worker_id" in (i["routing_data"] or {}))  # fmt: skip
         usage = next(i["completion_usage"] for i in items if i.get("completion_usage"))
@@ -135,12 +219,61 @@ class Router:
             "prompt_tokens": usage["prompt_tokens"],
         }
 
-    def stop(self) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGTERM)
+
+class ConsumerSet:
+    """One Dynamo version beside the launch's own sidecars: its sidecar on every node
+    (``(host, gRPC endpoint)`` pairs, leader first), started by hand with ``--grpc-endpoint``,
+    and its router on the leader's host, all in a discovery directory of their own under
+    ``workdir``. The node's role (leader, or relay on a follower) is the sidecar's own
+    choice from the node's ``GetServerInfo``. ``stop()`` ends them all."""
+
+    def __init__(
+        self,
+        version: str,
+        python: str,
+        nodes: list[tuple[netns.Host | None, str]],
+        block_size: int,
+        workdir: Path,
+    ):
+        self.version, self.python, self.workdir = version, python, workdir
+        self.environ = dict(os.environ, DYN_FILE_KV=str(workdir / f"discovery-{uuid.uuid4().hex}"))
+        self.environ.pop("PYTHONPATH", None)
+        self.sidecars: list[DynamoProcess] = []
+        self.router: Router | None = None
         try:
-            self.proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=20)
+            for node_rank, (host, endpoint) in enumerate(nodes):
+                self.sidecars.append(self.sidecar(host, endpoint, f"node{node_rank}"))
+            self.router = Router(
+                nodes[0][0], block_size, self._log("router"), python=python, environ=self.environ
+            )
+        except BaseException:
+            self.stop()
+            raise
+
+    def _log(self, name: str) -> Path:
+        return self.workdir / f"dynamo-{self.version}-{name}-{uuid.uuid4().hex[:6]}.log"
+
+    def sidecar(self, host: netns.Host | None, endpoint: str, name: str) -> DynamoProcess:
+        """This version's sidecar on ``host`` for the gRPC server at ``endpoint``."""
+        args = ["--grpc-endpoint", f"http://{endpoint}", *TRANSPORT_ARGS]
+        return DynamoProcess(
+            host, DYNAMO, args, self._log(name), python=self.python, environ=self.environ
+        )
+
+    def exited(self) -> list[str]:
+        """The sidecars that have exited, with their logs' tails (empty while all run)."""
+        return [
+            f"{sidecar.argv}: exit {sidecar.proc.returncode}\n{sidecar.log_text()[-2000:]}"
+            for sidecar in self.sidecars
+            if sidecar.proc.poll() is not None
+        ]
+
+    def stop(self) -> None:
+        for process in [*self.sidecars, *([self.router] if self.router else [])]:
+            process.stop()
+
+    def __enter__(self) -> ConsumerSet:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

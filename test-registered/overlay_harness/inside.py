@@ -38,23 +38,34 @@ def harness_environ() -> dict[str, str]:
     return dict(os.environ, PYTHONPATH=str(HARNESS_ROOT))
 
 
-def _argv(function: Callable[..., Any], args: tuple) -> list[str]:
+def _argv(function: Callable[..., Any], args: tuple, python: str | None = None) -> list[str]:
     module = function.__module__
-    return [sys.executable, "-m", "overlay_harness.inside", module, function.__name__,
+    return [python or sys.executable, "-m", "overlay_harness.inside", module, function.__name__,
             json.dumps(list(args))]  # fmt: skip
 
 
-def run(host: netns.Host | None, function: Callable[..., Any], *args: Any) -> Any:
+def run(
+    host: netns.Host | None,
+    function: Callable[..., Any],
+    *args: Any,
+    python: str | None = None,
+    environ: dict[str, str] | None = None,
+) -> Any:
     """``function(*args)`` (a module-level function with JSON arguments and result) on
-    ``host``; an exception there is raised here as an ``AssertionError`` naming the host."""
-    if host is None:
+    ``host``; an exception there is raised here as an ``AssertionError`` naming the host.
+
+    ``python`` runs it with another interpreter (another consumer version's env), and
+    ``environ`` in place of this process's environment; either way in a process of its own.
+    """
+    if host is None and python is None and environ is None:
         return function(*args)
+    argv = _argv(function, args, python)
     proc = subprocess.run(
-        host.command(_argv(function, args)),
+        host.command(argv) if host is not None else argv,
         capture_output=True,
         text=True,
         timeout=RUN_DEADLINE,
-        env=harness_environ(),
+        env=dict(environ or os.environ, PYTHONPATH=str(HARNESS_ROOT)),
         cwd=HARNESS_ROOT,
         stdin=subprocess.DEVNULL,
     )

@@ -245,25 +245,17 @@ def hold_port(host: str, port: int) -> Iterator[str]:
         sys.stdin.read()
 
 
-def dynamo_call(endpoint: str, payload: Any, seconds: float = 60.0) -> list:
-    """Every response of one call to a Dynamo endpoint (``namespace.component.endpoint``),
-    through Dynamo's own runtime client with the environment's discovery and planes."""
-    import asyncio
+def serve_reply(json_info: str, host: str) -> Iterator[int]:
+    """A metadata server of the overlay's (the native one) on ``host`` serving ``json_info``
+    as ``GetServerInfo``: yields its port, serves until stdin closes (the test's end)."""
+    from sglang_sidecar_overlay import _native
 
-    from dynamo.runtime import DistributedRuntime
-
-    async def call() -> list:
-        loop = asyncio.get_running_loop()
-        runtime = DistributedRuntime(loop, "file", "tcp", event_plane="zmq")
-        try:
-            client = await runtime.endpoint(endpoint).client()
-            await asyncio.wait_for(client.wait_for_instances(), seconds)
-            stream = await client.round_robin(payload)
-            return [item.data() if hasattr(item, "data") else item async for item in stream]
-        finally:
-            runtime.shutdown()
-
-    return asyncio.run(asyncio.wait_for(call(), seconds))
+    server = _native.start_metadata_server(host, 0, json_info)
+    try:
+        yield server.port
+        sys.stdin.read()
+    finally:
+        server.shutdown()
 
 
 # --- upstream's WatchEngineState (0.5.23's native gRPC), read from the protobuf wire format ---

@@ -329,23 +329,27 @@ class TestPlantedSecrets(CustomTestCase):
                 self.assertIn(REDACTED, info["launch_command"] or "", where)
 
     def assert_probe_says_why_a_consumer_rejects(self, follower: nodes.Node) -> None:
-        """``sglang-sidecar-overlay probe`` on the follower (the ``dp_size`` switch off): on
-        0.5.22+ (``dp_size=1`` for attention DP) it says why a released consumer rejects the
-        follower; before 0.5.22 it has nothing to say."""
+        """``sglang-sidecar-overlay probe --consumer dynamo`` on the follower (the ``dp_size``
+        switch off): on 0.5.22+ (``dp_size=1`` for attention DP) it fails, naming Dynamo
+        1.6.1's own refusal, while Dynamo 1.7's rule registers both ranks; before 0.5.22 both
+        rules register both ranks and it passes."""
         target = f"{follower.address}:{follower.grpc_port}"
         probe = subprocess.run(
             follower.command([sys.executable, "-m", "sglang_sidecar_overlay", "probe", target,
-                              "--timeout", "10"]),
+                              "--timeout", "10", "--consumer", "dynamo"]),
             capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
         )  # fmt: skip
         output = probe.stdout + probe.stderr
+        self.assertIn("dynamo-1.7 registers 2 DP ranks = rank space 2", output, output)
         if not ATTENTION_DP_REPORTS_DP_SIZE_1:
-            self.assertNotIn("top-level dp_size", output, output)
+            self.assertIn("dynamo-1.6 registers 2 DP ranks = rank space 2", output, output)
             self.assertEqual(probe.returncode, 0, output)
             return
-        self.assertIn("top-level dp_size 1", output, output)
-        warning = next(line for line in output.splitlines() if "dp_size 1" in line)
-        sys.stderr.write(f"[{RELEASE}] probe, switch off: {warning}\n")
+        refusal = 'dynamo-1.6 rejects this node: "KV source rank 1 is outside dp_size 1"'
+        self.assertIn(refusal, output, output)
+        self.assertEqual(probe.returncode, 1, output)
+        line = next(line for line in output.splitlines() if refusal in line)
+        sys.stderr.write(f"[{RELEASE}] probe --consumer dynamo, switch off: {line}\n")
 
     def assert_engine_kill_takes_the_sidecar_down(self, follower: nodes.Node, sidecar: dict):
         """SIGKILL the follower's engine process (no orderly stop): the sidecar's shim and

@@ -1,0 +1,30 @@
+"""Calls to a Dynamo endpoint through Dynamo's own runtime client.
+
+Standard library and Dynamo only, so any consumer version's environment runs it (the SGLang
+env's own Dynamo, or another version's env of its own, through ``inside.run(python=...)``).
+Discovery, request plane and event plane are the environment's (file, TCP, ZMQ here).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def call(endpoint: str, payload: Any, seconds: float = 60.0) -> list:
+    """Every response of one call to ``endpoint`` (``namespace.component.endpoint``)."""
+    import asyncio
+
+    from dynamo.runtime import DistributedRuntime
+
+    async def responses() -> list:
+        loop = asyncio.get_running_loop()
+        runtime = DistributedRuntime(loop, "file", "tcp", event_plane="zmq")
+        try:
+            client = await runtime.endpoint(endpoint).client()
+            await asyncio.wait_for(client.wait_for_instances(), seconds)
+            stream = await client.round_robin(payload)
+            return [item.data() if hasattr(item, "data") else item async for item in stream]
+        finally:
+            runtime.shutdown()
+
+    return asyncio.run(asyncio.wait_for(responses(), seconds))
