@@ -15,7 +15,7 @@ SGLANG_RELEASES ?= ci
 SGLANG_TEST_JOBS ?= 3
 
 .PHONY: venv build-dev wheel install lint rust-check python-lint type-check stub-check test \
-	test-unit test-registered \
+	test-build-and-unit sglang-envs test-unit test-registered \
 	benchmark-smoke selftest benchmark hostile fresh-venv-check sdist-check patches-check \
 	patched-wheel test-patched test-sglang demo stress clean
 
@@ -92,8 +92,22 @@ test-registered:
 	$(PY) scripts/sglang_envs.py test --releases $(SGLANG_RELEASES) --jobs $(SGLANG_TEST_JOBS) \
 		--wheel-dir $(WHEEL_DIR)
 
-test: rust-check install python-lint test-unit fresh-venv-check patches-check test-sglang \
-	benchmark-smoke
+# Two jobs side by side first: the Rust build, the wheel and the unit tier (one core's work at a
+# time), and the SGLang tier's cached envs (downloads and installs, built only when missing);
+# then the rest in order. The first job's steps keep their order (-j1).
+test:
+	$(MAKE) --no-print-directory -j2 --output-sync=line test-build-and-unit sglang-envs
+	$(MAKE) --no-print-directory -j1 patches-check test-sglang benchmark-smoke
+
+test-build-and-unit:
+	$(MAKE) --no-print-directory -j1 rust-check install python-lint test-unit fresh-venv-check
+
+# The releases' envs, the next Dynamo versions' envs and the rebuilt wheel's env (each cached
+# under SGLANG_OVERLAY_CACHE, built under its own lock, so the steps that need them later only
+# find them).
+sglang-envs:
+	$(PYTHON) scripts/sglang_envs.py build --releases $(SGLANG_RELEASES)
+	$(PYTHON) scripts/patches.py check
 
 # What `make test` runs of test-registered and test-patched: the series' own tests, then the
 # releases' sessions and the rebuilt wheel's in one pool, SGLANG_TEST_JOBS side by side.

@@ -45,6 +45,7 @@ from envs import (
     build_env,
     env_path,
     find_wheel,
+    install_consumer,
     log,
     parse_releases,
     prepare_session_env,
@@ -105,11 +106,12 @@ def run_demo(wheel: Path) -> int:
 
 
 def build_envs(releases: list[str]) -> None:
-    """Every release's env, built when missing; how long each took to be ready."""
+    """Every release's env, built when missing, with its consumers (``install_consumer``:
+    the next Dynamo versions' envs too); how long each took to be ready."""
     timings = {}
     for release in releases:
         started = time.monotonic()
-        build_env(release)
+        install_consumer(build_env(release))
         timings[release] = time.monotonic() - started
     for release, seconds in timings.items():
         log(f"{release}: env ready in {seconds:.1f} s")

@@ -73,7 +73,7 @@ OUT_OF_VOCABULARY = [600 + i for i in range(32)]
 NEW_TOKENS = 4
 PROBE_WINDOW = 15
 PROBE_REQUESTS = 60
-FRESH_PROMPTS = 4
+FRESH_PROMPTS = 2
 # Dynamo >= 1.7's relay, given a follower whose dp_size * attn_dp_size differs from what its
 # leader registered.
 REGISTRATION_MISMATCH = "does not match leader registration"
