@@ -94,6 +94,21 @@ def grpc_node(
 
 
 @contextlib.contextmanager
+def stand_in_publishers(*ranks: int) -> Iterator[list[StandInPublisher]]:
+    """One real publisher per rank, bound on wildcard TCP with replay routers; all closed at
+    the end."""
+    context = zmq.Context()
+    with contextlib.ExitStack() as stack:
+        stack.callback(context.term)
+        publishers = []
+        for rank in ranks:
+            publisher = StandInPublisher(context, rank)
+            stack.callback(publisher.close)
+            publishers.append(publisher)
+        yield publishers
+
+
+@contextlib.contextmanager
 def live_publishers(stamp_rank: int | None = None) -> Iterator[list[StandInPublisher]]:
     """Two real publishers (ranks 2 and 3) bound on wildcard TCP with replay routers."""
     context = zmq.Context()

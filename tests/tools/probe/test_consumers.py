@@ -18,8 +18,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import zmq
 from probe_nodes import errors_of, grpc_node, run_cli, warnings_of
+from probe_nodes import stand_in_publishers as publishers
 from sglang_sidecar_overlay._native import start_metadata_server
 from sglang_sidecar_overlay.contract.server_info import render_server_info
 from sglang_sidecar_overlay.tools import probe
@@ -304,19 +304,6 @@ def test_only_judging_consumers_fail() -> None:
 
 
 # --- one node over gRPC ------------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def publishers(*ranks: int) -> Iterator[list[StandInPublisher]]:
-    context = zmq.Context()
-    with contextlib.ExitStack() as stack:
-        stack.callback(context.term)
-        pubs = []
-        for rank in ranks:
-            pub = StandInPublisher(context, rank)
-            stack.callback(pub.close)
-            pubs.append(pub)
-        yield pubs
 
 
 def served_reply(

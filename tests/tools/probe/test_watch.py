@@ -19,7 +19,7 @@ import time
 from collections.abc import Iterator
 
 import zmq
-from probe_nodes import PACKAGE_PARENT, feeding, run_cli
+from probe_nodes import PACKAGE_PARENT, feeding, run_cli, stand_in_publishers
 from sglang_sidecar_overlay._native import start_metadata_server
 from sglang_sidecar_overlay.contract.incarnation import Incarnation
 from sglang_sidecar_overlay.contract.server_info import render_server_info
@@ -34,14 +34,8 @@ NEVER = re.compile(r"(?!)")
 @contextlib.contextmanager
 def watched_node(ranks: tuple[int, ...] = (2, 3)) -> Iterator[tuple[str, list]]:
     """A served follower snapshot of live publishers; yields (HOST:PORT, publishers)."""
-    context = zmq.Context()
     with contextlib.ExitStack() as stack:
-        stack.callback(context.term)
-        publishers = []
-        for rank in ranks:
-            pub = StandInPublisher(context, rank)
-            stack.callback(pub.close)
-            publishers.append(pub)
+        publishers = stack.enter_context(stand_in_publishers(*ranks))
         info = node_snapshot(publishers, legacy_dp_size=True)
         server = stack.enter_context(
             start_metadata_server("127.0.0.1", 0, render_server_info(info))
