@@ -15,7 +15,7 @@ from typing import Any
 HTTP_SERVER_MODULE = "sglang.srt.entrypoints.http_server"
 SERVER_INFO_PATH = "/server_info"
 
-Transform = Callable[[Mapping[str, Any]], dict]
+Transform = Callable[[Mapping[str, Any]], dict[str, Any]]
 
 
 def rebind_loaded_server_info_route(transform: Transform) -> None:
@@ -51,7 +51,7 @@ def rebind_server_info_route(http_server: Any, transform: Transform) -> None:
 
 
 def _transformed_endpoint(upstream: Any, transform: Transform) -> Any:
-    async def server_info() -> dict:
+    async def server_info() -> dict[str, Any]:
         return transform(await upstream())
 
     server_info._sidecar_overlay = True  # type: ignore[attr-defined]

@@ -40,7 +40,7 @@ def record_bound_endpoints(publisher: Any) -> None:
     )
 
 
-def publisher_sources(kv_publisher: Any, block_size: int) -> list[dict]:
+def publisher_sources(kv_publisher: Any, block_size: int) -> list[dict[str, Any]]:
     """``[source]`` for a scheduler's bound ZMQ publisher, ``[]`` for none or connect-style."""
     publisher = getattr(kv_publisher, "kv_event_publisher", None)
     if publisher is None:

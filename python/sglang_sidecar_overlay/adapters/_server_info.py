@@ -32,9 +32,11 @@ from sglang_sidecar_overlay.contract.server_info import (
 logger = logging.getLogger(__name__)
 
 
-def collected_sources(infos: Iterable[Mapping], extra: Iterable[Mapping] = ()) -> list[dict]:
+def collected_sources(
+    infos: Iterable[Mapping[str, Any]], extra: Iterable[Mapping[str, Any]] = ()
+) -> list[Mapping[str, Any]]:
     """Every local scheduler's sources as reported; the builder aggregates and checks them."""
-    collected: list[dict] = []
+    collected: list[Mapping[str, Any]] = []
     for info in infos:
         collected.extend(info.get("kv_event_sources") or [])
     collected.extend(extra)
@@ -75,7 +77,7 @@ def legacy_dp_size_decision(enabled: bool, sidecar: str | None) -> str:
     )
 
 
-def node_server_info(server_args: Any, scheduler_info: Mapping[str, Any]) -> dict:
+def node_server_info(server_args: Any, scheduler_info: Mapping[str, Any]) -> dict[str, Any]:
     """The core's server-info object for this node, from SGLang's live objects."""
     args = _sglang.server_args_dict(server_args)
     return build_server_info(
@@ -92,7 +94,9 @@ def node_server_info(server_args: Any, scheduler_info: Mapping[str, Any]) -> dic
     )
 
 
-def leader_grpc_reply(upstream_reply: str, server_args: Any, scheduler_info: Mapping) -> str:
+def leader_grpc_reply(
+    upstream_reply: str, server_args: Any, scheduler_info: Mapping[str, Any]
+) -> str:
     """The 0.5.22+ leader's ``json_info``: upstream's ``GetServerInfo`` text with the core's
     object in place of upstream's builder's.
 
@@ -116,7 +120,7 @@ def log_leader_reply_built(text: str) -> None:
 
 def rebuild_server_info(
     upstream: Mapping[str, Any], publisher_bounds: Mapping[str, int] | None = None
-) -> dict:
+) -> dict[str, Any]:
     """Run an upstream server-info body through the core builder, keeping its extras (the
     whole body redacted); ``publisher_bounds`` fill in what its sources do not report."""
     sources = upstream.get("kv_event_sources") or []
@@ -133,7 +137,7 @@ def rebuild_server_info(
     )
 
 
-def rebuild_with_node_bounds(upstream: Mapping[str, Any]) -> dict:
+def rebuild_with_node_bounds(upstream: Mapping[str, Any]) -> dict[str, Any]:
     """A 0.5.22+ body through the core builder, its sources given the node's publisher bounds.
 
     Upstream's schedulers describe their sources without the bounds; the body carries the

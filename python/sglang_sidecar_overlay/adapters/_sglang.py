@@ -62,7 +62,7 @@ def sidecar_args_list(raw: Any) -> list[str]:
     return [str(arg) for arg in raw or []]
 
 
-def server_args_dict(server_args: Any) -> dict:
+def server_args_dict(server_args: Any) -> dict[str, Any]:
     resolved = getattr(server_args, "resolved_dict", None)
     if callable(resolved):
         return dict(resolved())

@@ -14,11 +14,12 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any
 
 SOURCES_DIR_ENV = "SGLANG_SIDECAR_OVERLAY_KV_SOURCES_DIR"
 
 
-def write_side_channel(sources: list[dict]) -> None:
+def write_side_channel(sources: list[dict[str, Any]]) -> None:
     """Drop this scheduler's sources where its engine process will look (atomic rename)."""
     directory = os.environ.get(SOURCES_DIR_ENV)
     if not directory or not os.path.isdir(directory):
@@ -49,8 +50,8 @@ class SideChannel:
         else:
             os.environ[SOURCES_DIR_ENV] = self._previous
 
-    def read(self) -> list[dict]:
-        sources: list[dict] = []
+    def read(self) -> list[dict[str, Any]]:
+        sources: list[dict[str, Any]] = []
         for entry in sorted(Path(self.path).glob("*.json")):
             sources.extend(json.loads(entry.read_text()))
         return sources

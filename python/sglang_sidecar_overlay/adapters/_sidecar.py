@@ -33,7 +33,7 @@ import os
 import signal
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sglang_sidecar_overlay.adapters import _sglang
 from sglang_sidecar_overlay.adapters._hooks import Hook
@@ -42,6 +42,9 @@ from sglang_sidecar_overlay.sidecar.supervisor import (
     SidecarSupervisor,
     build_sidecar_endpoint,
 )
+
+if TYPE_CHECKING:
+    from sglang_sidecar_overlay.server.follower import FollowerMetadataServer
 
 logger = logging.getLogger(__name__)
 
@@ -196,7 +199,9 @@ def after_sigterm_handler(result: Any, *args: Any, **kwargs: Any) -> Any:
     return result
 
 
-def attach_follower_sidecar(server: Any, sources: list) -> NodeSidecar | None:
+def attach_follower_sidecar(
+    server: FollowerMetadataServer, sources: list[dict[str, Any]]
+) -> NodeSidecar | None:
     """Start the opt-in follower sidecar against ``server`` and stop it before ``server``.
 
     ``server`` is a SERVING

@@ -55,7 +55,9 @@ def after_socket_setup(result: Any, publisher: Any, *args: Any, **kwargs: Any) -
     _publisher.record_bound_endpoints(publisher)
 
 
-def after_get_init_info(result: dict, scheduler: Any, *args: Any, **kwargs: Any) -> dict:
+def after_get_init_info(
+    result: dict[str, Any], scheduler: Any, *args: Any, **kwargs: Any
+) -> dict[str, Any]:
     if not _sglang.native_grpc_enabled():
         return result
     from sglang_sidecar_overlay.adapters import _publisher
@@ -78,7 +80,7 @@ def launch_groups() -> list[str]:
 
 
 def _launch_hooks(names: list[str]) -> dict[str, tuple[_hooks.Hook, ...]]:
-    groups = {
+    groups: dict[str, tuple[_hooks.Hook, ...]] = {
         "leader_grpc": (_hooks.Hook(LEADER_SERVER_INFO, leader_server_info, "REPLACE"),),
         "follower": (_hooks.Hook(ENGINE_SHUTDOWN, before_engine_shutdown, "BEFORE"),),
     }
@@ -103,7 +105,9 @@ def _child_groups(server_args: Any) -> list[str]:
     return groups + (["prefill_sender"] if _disagg_dp_rank.prefill_node(server_args) else [])
 
 
-def around_launch_schedulers(original: Any, cls: Any, server_args: Any, *args: Any, **kwargs):
+def around_launch_schedulers(
+    original: Any, cls: Any, server_args: Any, *args: Any, **kwargs: Any
+) -> Any:
     _launch.begin_node_launch(server_args)
     install_launch_hooks()
     if not _sglang.native_grpc_enabled():

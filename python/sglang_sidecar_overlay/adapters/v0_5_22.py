@@ -41,7 +41,7 @@ bootstrap DP rank, the replica's under ordinary DP (``_disagg_dp_rank``, shared 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 from sglang_sidecar_overlay.adapters import _disagg_dp_rank, _hooks, _launch, _sglang
 
@@ -89,7 +89,7 @@ def around_leader_server_info(original: Any, handle: Any, *args: Any, **kwargs: 
     """The leader's ``json_info``: the core's, with upstream's extras, built once per launch,
     then cached text."""
     if _sglang.rust_server_enabled():
-        return original(handle, *args, **kwargs)
+        return cast(str, original(handle, *args, **kwargs))
     cached = getattr(handle, LEADER_JSON_ATTR, None)
     if cached is None:
         from sglang_sidecar_overlay.adapters import _server_info
@@ -114,7 +114,7 @@ def launch_groups() -> list[str]:
 
 
 def _launch_hooks(names: list[str]) -> dict[str, tuple[_hooks.Hook, ...]]:
-    groups = {
+    groups: dict[str, tuple[_hooks.Hook, ...]] = {
         "leader_grpc": (_hooks.Hook(LEADER_SERVER_INFO, around_leader_server_info, "AROUND"),),
         "follower": (_hooks.Hook(START_FOLLOWER, around_start_follower, "AROUND"),),
     }
@@ -134,7 +134,7 @@ def install_launch_hooks(names: list[str] | None = None) -> list[str]:
     return _hooks.installed.install(_launch_hooks(names), names)
 
 
-def rebuilt_server_info_body(upstream: Mapping[str, Any]) -> dict:
+def rebuilt_server_info_body(upstream: Mapping[str, Any]) -> dict[str, Any]:
     """The rebound ``/server_info``'s transform: upstream's body through the core builder."""
     # Imported at the first request, not when the launch rebinds the route.
     from sglang_sidecar_overlay.adapters import _server_info
@@ -142,7 +142,9 @@ def rebuilt_server_info_body(upstream: Mapping[str, Any]) -> dict:
     return _server_info.rebuild_with_node_bounds(upstream)
 
 
-def around_launch_schedulers(original: Any, cls: Any, server_args: Any, *args: Any, **kwargs):
+def around_launch_schedulers(
+    original: Any, cls: Any, server_args: Any, *args: Any, **kwargs: Any
+) -> tuple[Any, Any]:
     _launch.begin_node_launch(server_args)
     install_launch_hooks()
     children = ["prefill_sender"] if _disagg_dp_rank.prefill_node(server_args) else []

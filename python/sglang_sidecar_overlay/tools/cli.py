@@ -20,9 +20,9 @@ import logging
 import math
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from importlib import metadata
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from sglang_sidecar_overlay import __version__
 from sglang_sidecar_overlay import logger as package_logger
@@ -33,6 +33,10 @@ from sglang_sidecar_overlay.tools.exit_codes import (
     EXIT_PROBLEM,
     EXIT_USAGE,
 )
+
+if TYPE_CHECKING:
+    from sglang_sidecar_overlay.tools.probe import ProbeReport
+    from sglang_sidecar_overlay.tools.probe.group import GroupReport
 
 _MARKS = {"ok": "✓", "info": "·", "warning": "!", "error": "✗"}
 _ASCII_MARKS = {"ok": "ok", "info": "..", "warning": "WARN", "error": "FAIL"}
@@ -62,7 +66,7 @@ def plugin_allowed(environ: Mapping[str, str]) -> bool:
     return PLUGIN_NAME in allowed
 
 
-def _entry_point() -> Any | None:
+def _entry_point() -> metadata.EntryPoint | None:
     for entry in metadata.entry_points(group=PLUGIN_GROUP):
         if entry.name == PLUGIN_NAME:
             return entry
@@ -76,7 +80,7 @@ def _module_present(name: str) -> bool:
         return False
 
 
-def _native_status() -> dict:
+def _native_status() -> dict[str, Any]:
     try:
         from sglang_sidecar_overlay import _native
     except ImportError as exc:
@@ -86,7 +90,7 @@ def _native_status() -> dict:
     return {"importable": True, "version": version, "build": build, "error": None}
 
 
-def collect_status(environ: Mapping[str, str] | None = None) -> dict:
+def collect_status(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
     """The ``status --json`` object: what SGLang would do with the overlay on this machine."""
     from sglang_sidecar_overlay import releases
     from sglang_sidecar_overlay.contract.legacy_dp_size import (
@@ -113,14 +117,16 @@ def collect_status(environ: Mapping[str, str] | None = None) -> dict:
         reasons.append(f"adapter module {adapter} is missing from this install")
 
     entry = _entry_point()
-    plugin_module = None if entry is None else entry.value.split(":", 1)[0].strip()
+    plugin_module: str | None = None
     if entry is None:
         reasons.append(
             f"entry point {PLUGIN_GROUP}:{PLUGIN_NAME} is not visible "
             "(the wheel is not installed in this environment)"
         )
-    elif not _module_present(plugin_module):
-        reasons.append(f"entry point target module {plugin_module} is missing")
+    else:
+        plugin_module = entry.value.split(":", 1)[0].strip()
+        if not _module_present(plugin_module):
+            reasons.append(f"entry point target module {plugin_module} is missing")
     allowed = plugin_allowed(env)
     if not allowed:
         reasons.append(
@@ -247,7 +253,7 @@ def cmd_status(args: argparse.Namespace, out: TextIO) -> int:
 # --- probe --------------------------------------------------------------------------------------
 
 
-def _probe_lines(report: Any) -> list[tuple[str, str, str]]:
+def _probe_lines(report: ProbeReport) -> list[tuple[str, str, str]]:
     return [
         (finding.level, finding.field or finding.check, finding.message)
         for finding in report.findings
@@ -343,7 +349,7 @@ def _consumer_names(args: argparse.Namespace) -> list[str] | None:
     return [name for names in args.consumer for name in names]
 
 
-def group_node_lines(report: Any) -> list[str]:
+def group_node_lines(report: GroupReport) -> list[str]:
     """One line per node: node_rank, address, its ranks, health, launch."""
     lines = []
     for node in sorted(
@@ -361,7 +367,7 @@ def group_node_lines(report: Any) -> list[str]:
         )
         launch = info.get("incarnation")
         launch_id = launch.get("id") if isinstance(launch, dict) else None
-        health = (node.health or {}).get("status")
+        health = node.health.get("status") if node.health else None
         lines.append(
             f"  node_rank {info.get('node_rank')}  {node.target}  ranks {ranks or 'none'}  "
             f"health {health}  launch {str(launch_id)[:12]}"
@@ -585,7 +591,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     _configure_logging(args.verbose)
     try:
-        return args.handler(args, sys.stdout)
+        # The subcommand's ``cmd_*``, set by build_parser().
+        handler: Callable[[argparse.Namespace, TextIO], int] = args.handler
+        return handler(args, sys.stdout)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED

@@ -26,7 +26,7 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from sglang_sidecar_overlay.contract.incarnation import Incarnation
@@ -56,7 +56,7 @@ class Check:
     ok: bool
     detail: str
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
 
@@ -76,7 +76,7 @@ class SelftestReport:
         self.checks.append(Check(name, ok, detail))
         return ok
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         """The stable ``selftest --json`` object (documented in the operator guide)."""
         return {
             "ok": self.ok,
@@ -109,7 +109,7 @@ class StandInPublisher:
         self.topic = topic
         # A deliberately wrong stamp lets tests exercise the rank check.
         self.stamp_rank = dp_rank if stamp_rank is None else stamp_rank
-        self._queue: queue.Queue[list | None] = queue.Queue()
+        self._queue: queue.Queue[list[Any] | None] = queue.Queue()
         self._buffer: list[tuple[int, bytes]] = []
         self._published = 0
         self._published_lock = threading.Lock()
@@ -196,7 +196,7 @@ class StandInPublisher:
         self._replay.send_multipart([identity, b"", b"", encode_seq(REPLAY_END_SEQ), b""])
 
 
-def _wait_for(condition: Any, timeout: float) -> bool:
+def _wait_for(condition: Callable[[], object], timeout: float) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if condition():
@@ -211,7 +211,7 @@ def node_snapshot(
     legacy_dp_size: bool,
     incarnation: Incarnation | None = None,
     node_rank: int = 1,
-) -> dict:
+) -> dict[str, Any]:
     """The server info of a simulated node (the follower by default), through the core builder.
 
     ``incarnation`` is the simulated launch; a fresh one when not given.
@@ -473,7 +473,7 @@ def _probe_step(
     report: SelftestReport,
     publishers: list[StandInPublisher],
     target: str,
-    info: dict,
+    info: dict[str, Any],
     listen_timeout: float,
 ) -> None:
     def enough(traffic: list[probe.RankTraffic]) -> bool:

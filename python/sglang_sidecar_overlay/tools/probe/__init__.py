@@ -50,6 +50,7 @@ __all__ = [
     "RankTraffic",
     "check_server_info",
     "fetch_server_info",
+    "grpc_target",
     "listen",
     "node_local",
     "parse_target",
@@ -58,9 +59,9 @@ __all__ = [
 ]
 
 
-def _dialable_sources(sources: Any) -> list[dict]:
+def _dialable_sources(sources: Any) -> list[dict[str, Any]]:
     """Entries worth subscribing to; a replay endpoint already reported as broken is dropped."""
-    dialable: list[dict] = []
+    dialable: list[dict[str, Any]] = []
     for source in sources if isinstance(sources, list) else []:
         if not isinstance(source, dict) or endpoint_problems(source.get("endpoint")):
             continue
@@ -81,7 +82,7 @@ def node_local(endpoint: Any) -> bool:
     return host == "localhost" or host.startswith("127.") or host == "::1"
 
 
-def _remote_view(info: dict) -> tuple[dict, int]:
+def _remote_view(info: dict[str, Any]) -> tuple[dict[str, Any], int]:
     """``info`` with node-local endpoints blanked (indices kept), and how many were blanked."""
     sources = info.get("kv_event_sources")
     if not isinstance(sources, list):

@@ -55,7 +55,7 @@ def _nesting_exceeds(value: Any, limit: int) -> bool:
     return False
 
 
-def _parse(text: str) -> tuple[dict | None, CheckFindings]:
+def _parse(text: str) -> tuple[dict[str, Any] | None, CheckFindings]:
     """The ``json_info`` object, or None with the ``json`` check's error."""
     found = CheckFindings("json")
     try:
@@ -78,7 +78,7 @@ def _parse(text: str) -> tuple[dict | None, CheckFindings]:
     return info, found
 
 
-def check_server_info(text: str) -> tuple[dict | None, list[Finding]]:
+def check_server_info(text: str) -> tuple[dict[str, Any] | None, list[Finding]]:
     """Parse ``json_info`` and check what a router relies on; (info or None, findings)."""
     info, parsed = _parse(text)
     if info is None:
@@ -189,7 +189,7 @@ def rank_space_size(info: Mapping[str, Any]) -> tuple[int | None, str]:
 class _SourceRules:
     """The ``kv_event_sources`` check group: every rule over one node's list of sources."""
 
-    def __init__(self, info: Mapping[str, Any], sources: list, flagged: Flagged) -> None:
+    def __init__(self, info: Mapping[str, Any], sources: list[Any], flagged: Flagged) -> None:
         self.info = info
         self.sources = sources
         self.flagged = flagged
@@ -205,8 +205,9 @@ class _SourceRules:
             if isinstance(source, dict):
                 self.source(index, source)
         self.equal_block_sizes()
-        ranks = [source.get("dp_rank") for source in self.sources if isinstance(source, dict)]
-        if all(is_int(rank) for rank in ranks) and ranks != sorted(ranks):
+        ranks = self.advertised_ranks()
+        int_ranks = [rank for rank in ranks if is_int(rank)]
+        if len(int_ranks) == len(ranks) and int_ranks != sorted(int_ranks):
             self.found.error((SOURCES,), f"not sorted by dp_rank: {SHORT.repr(ranks)}")
         described = ", ".join(str(rank) for rank in ranks) or "none"
         summary = (
@@ -215,6 +216,10 @@ class _SourceRules:
         )
         shapes_ok = not self.flagged.under((SOURCES,), (SPACE,))
         return self.found.result(((SOURCES,), summary), shapes_ok=shapes_ok)
+
+    def advertised_ranks(self) -> list[Any]:
+        """Each source object's ``dp_rank`` as given (None where it has none)."""
+        return [source.get("dp_rank") for source in self.sources if isinstance(source, dict)]
 
     def source(self, index: int, source: Mapping[str, Any]) -> None:
         at: Location = (SOURCES, index)
@@ -266,26 +271,26 @@ class _SourceRules:
         space = self.info.get(SPACE)
         if not isinstance(space, dict):
             return
-        widths = {key: space.get(key) for key in ("size", "system_dp_size", "attn_dp_size")}
+        keys = ("size", "system_dp_size", "attn_dp_size")
+        size, system_dp, attn_dp = (space.get(key) for key in keys)
+        # The schema flags a missing or non-int width, but when it could not run (jsonschema
+        # not importable) nothing is flagged: a width that is None (or not an int) has no
+        # product to compare, and is left to the schema's finding.
         if (
-            not self.flagged.has(*((SPACE, key) for key in widths))
-            and widths["size"] != widths["system_dp_size"] * widths["attn_dp_size"]
+            not self.flagged.has(*((SPACE, key) for key in keys))
+            and is_int(size)
+            and is_int(system_dp)
+            and is_int(attn_dp)
+            and size != system_dp * attn_dp
         ):
             self.found.error(
                 (SPACE, "size"),
-                f"{widths['size']} ≠ system_dp_size {widths['system_dp_size']} × "
-                f"attn_dp_size {widths['attn_dp_size']}",
+                f"{size} ≠ system_dp_size {system_dp} × attn_dp_size {attn_dp}",
             )
         if self.flagged.under((SPACE, "local_ranks")):
             return
         local = space["local_ranks"]
-        advertised = sorted(
-            {
-                s.get("dp_rank")
-                for s in self.sources
-                if isinstance(s, dict) and is_int(s.get("dp_rank"))
-            }
-        )
+        advertised = sorted({rank for rank in self.advertised_ranks() if is_int(rank)})
         if sorted(local) != advertised:
             self.found.error(
                 (SPACE, "local_ranks"),

@@ -22,7 +22,7 @@ from typing import Any
 from sglang_sidecar_overlay.contract.legacy_dp_size import DP_SIZE_CHECKING_SIDECARS
 from sglang_sidecar_overlay.contract.values import is_int
 from sglang_sidecar_overlay.tools.probe.checks import rank_space_size
-from sglang_sidecar_overlay.tools.probe.report import ERROR, INFO, OK, Finding
+from sglang_sidecar_overlay.tools.probe.report import ERROR, INFO, OK, Finding, Verdict
 from sglang_sidecar_overlay.tools.probe.shapes import SHORT
 
 __all__ = [
@@ -129,28 +129,6 @@ _GROUPS: dict[str, tuple[ConsumerRule, ...]] = {
     "any": CONSUMERS,
 }
 CHOICES: tuple[str, ...] = tuple(_GROUPS)
-
-
-@dataclasses.dataclass(frozen=True)
-class Verdict:
-    """What one consumer would register, against the ranks that exist."""
-
-    consumer: str
-    registers: int | None
-    rank_space: int | None
-    ok: bool
-    # Why it is not ok, in one line naming the consumer; None when ok.
-    reason: str | None
-    # The one-line report either way.
-    summary: str
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "registers": self.registers,
-            "rank_space": self.rank_space,
-            "ok": self.ok,
-            "reason": self.reason,
-        }
 
 
 @dataclasses.dataclass(frozen=True)

@@ -112,7 +112,7 @@ class GroupReport:
             return EXIT_UNREACHABLE
         return EXIT_OK if self.ok else EXIT_PROBLEM
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         """The stable ``probe --group --json`` object (documented in the operator guide)."""
         return {
             "targets": self.targets,
@@ -243,7 +243,7 @@ def _check_consumers(report: GroupReport, nodes: list[ProbeReport]) -> list[Find
     return consumer_findings(report.consumers, selection)
 
 
-def _space_of(node: ProbeReport) -> tuple | None:
+def _space_of(node: ProbeReport) -> tuple[Any, ...] | None:
     space = (node.server_info or {}).get("kv_event_rank_space")
     if not isinstance(space, dict):
         return None
@@ -251,7 +251,7 @@ def _space_of(node: ProbeReport) -> tuple | None:
 
 
 def _check_rank_space(nodes: list[ProbeReport]) -> list[Finding]:
-    spaces: dict[tuple | None, list[str]] = {}
+    spaces: dict[tuple[Any, ...] | None, list[str]] = {}
     for node in nodes:
         spaces.setdefault(_space_of(node), []).append(_node_label(node))
     if len(spaces) <= 1:
@@ -264,7 +264,7 @@ def _check_rank_space(nodes: list[ProbeReport]) -> list[Finding]:
     ]
 
 
-def _describe_space(space: tuple | None) -> str:
+def _describe_space(space: tuple[Any, ...] | None) -> str:
     if space is None:
         return "none"
     size, system, attn = space
@@ -369,13 +369,13 @@ def _check_ranks(report: GroupReport, nodes: list[ProbeReport]) -> list[Finding]
             continue
         expected = expected_node_rank(rank, size, nnodes)
         target = _target_of(nodes, expected) or _unanswered_target(report, nodes)
-        where = f"node_rank {expected}" + (f" ({target})" if target else " (not given)")
+        expected_on = f"node_rank {expected}" + (f" ({target})" if target else " (not given)")
         found.append(
             Finding(
                 ERROR,
                 GROUP,
                 f"rank {rank}",
-                f"no node advertises it; expected on {where}: is its publisher missing?",
+                f"no node advertises it; expected on {expected_on}: is its publisher missing?",
             )
         )
     return found

@@ -207,7 +207,7 @@ class Subscriptions:
 
         if not self._handlers:
             return
-        for sock, _event in self._poller.poll(timeout=max(0.0, seconds) * 1000):
+        for sock, _event in self._poller.poll(timeout=int(max(0.0, seconds) * 1000)):
             item, handler = self._handlers[sock]
             while True:
                 try:

@@ -14,7 +14,14 @@ from collections.abc import Mapping
 from typing import Any
 
 from sglang_sidecar_overlay.contract.endpoints import endpoint_problems
-from sglang_sidecar_overlay.tools.probe.report import ERROR, OK, WARNING, CheckFindings, Finding
+from sglang_sidecar_overlay.tools.probe.report import (
+    ERROR,
+    OK,
+    WARNING,
+    CheckFindings,
+    Finding,
+    Health,
+)
 
 __all__ = ["check_listening", "endpoint_listening", "health_findings"]
 
@@ -77,7 +84,7 @@ _HEALTH = {
 }
 
 
-def health_findings(health: dict) -> list[Finding]:
+def health_findings(health: Health) -> list[Finding]:
     status = health["status"]
     detail = f" ({health['detail']})" if health.get("detail") else ""
     level, message = _HEALTH.get(status, (WARNING, f"{status}{detail}"))

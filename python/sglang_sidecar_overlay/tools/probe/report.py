@@ -12,12 +12,9 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, TypedDict
 
 from sglang_sidecar_overlay.tools.exit_codes import EXIT_OK, EXIT_PROBLEM, EXIT_UNREACHABLE
-
-if TYPE_CHECKING:
-    from sglang_sidecar_overlay.tools.probe.consumers import Verdict
 
 __all__ = [
     "ERROR",
@@ -26,6 +23,7 @@ __all__ = [
     "WARNING",
     "CheckFindings",
     "Finding",
+    "Health",
     "Location",
     "ProbeError",
     "ProbeReport",
@@ -46,12 +44,42 @@ ERROR = "error"
 Location = tuple[str | int, ...]
 
 
+class Health(TypedDict):
+    """A node's ``grpc.health.v1`` answer as the probe reports it (``rpc.read_health``)."""
+
+    service: str
+    status: str
+    detail: str | None
+
+
 def field_path(location: Location) -> str:
     """``kv_event_sources[0].dp_rank`` for ``("kv_event_sources", 0, "dp_rank")``."""
     text = ""
     for part in location:
         text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
     return text
+
+
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    """What one consumer would register, against the ranks that exist."""
+
+    consumer: str
+    registers: int | None
+    rank_space: int | None
+    ok: bool
+    # Why it is not ok, in one line naming the consumer; None when ok.
+    reason: str | None
+    # The one-line report either way.
+    summary: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "registers": self.registers,
+            "rank_space": self.rank_space,
+            "ok": self.ok,
+            "reason": self.reason,
+        }
 
 
 def consumers_json(verdicts: Iterable[Verdict]) -> dict[str, Any]:
@@ -88,7 +116,7 @@ class Finding:
     field: str | None
     message: str
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
 
@@ -158,7 +186,7 @@ class RankTraffic:
     # and the widest live gap seen, in missed batches.
     replay_buffer_steps: int | None = None
     widest_gap: int = 0
-    stamped_ranks: set = dataclasses.field(default_factory=set)
+    stamped_ranks: set[Any] = dataclasses.field(default_factory=set)
     unstamped_batches: int = 0
     bad_messages: int = 0
     other_topics: int = 0
@@ -178,7 +206,7 @@ class RankTraffic:
             return None
         return self.stamped_ranks == {self.dp_rank}
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {
             "dp_rank": self.dp_rank,
             "endpoint": self.endpoint,
@@ -208,10 +236,10 @@ class ProbeReport:
     target: str
     strict: bool = False
     error: ProbeError | None = None
-    server_info: dict | None = None
+    server_info: dict[str, Any] | None = None
     server_info_bytes: int = 0
     findings: list[Finding] = dataclasses.field(default_factory=list)
-    health: dict | None = None
+    health: Health | None = None
     listen_seconds: float | None = None
     traffic: list[RankTraffic] = dataclasses.field(default_factory=list)
     # Every consumer rule's verdict on this node's reply, and the names that judge the probe.
@@ -232,7 +260,7 @@ class ProbeReport:
             return EXIT_UNREACHABLE
         return EXIT_OK if self.ok else EXIT_PROBLEM
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         """The stable ``probe --json`` object (documented in the operator guide)."""
         return {
             "target": self.target,
@@ -260,7 +288,7 @@ class ProbeReport:
             ),
         }
 
-    def _summary(self) -> dict | None:
+    def _summary(self) -> dict[str, Any] | None:
         if self.server_info is None:
             return None
         info = self.server_info

@@ -10,7 +10,7 @@ from typing import Any
 
 from sglang_sidecar_overlay.contract.endpoints import format_host_port
 from sglang_sidecar_overlay.tools.probe import wire
-from sglang_sidecar_overlay.tools.probe.report import ProbeError
+from sglang_sidecar_overlay.tools.probe.report import Health, ProbeError
 
 __all__ = ["DEFAULT_TIMEOUT", "fetch_server_info", "grpc_target", "parse_target", "read_health"]
 
@@ -98,7 +98,7 @@ def _rpc_problem(target: str, exc: Any, timeout: float) -> ProbeError:
     return ProbeError("rpc_error", f"{target}: GetServerInfo failed: {code.name}: {details}")
 
 
-def read_health(target: str, timeout: float = DEFAULT_TIMEOUT, service: str = "") -> dict:
+def read_health(target: str, timeout: float = DEFAULT_TIMEOUT, service: str = "") -> Health:
     """``grpc.health.v1.Health/Check`` as ``{"service", "status", "detail"}`` (``absent``: none)."""
     import grpc
 

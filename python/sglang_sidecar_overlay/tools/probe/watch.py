@@ -47,7 +47,7 @@ class NodeView:
 
     target: str
     dial_endpoints: bool = True
-    info: dict | None = None
+    info: dict[str, Any] | None = None
     health: str = "?"
     error: str | None = None
     incarnation: str | None = None
@@ -94,7 +94,7 @@ class NodeView:
             self.subscriptions = Subscriptions(self._sources())
             self._counted.clear()
 
-    def _sources(self) -> list[dict]:
+    def _sources(self) -> list[dict[str, Any]]:
         from sglang_sidecar_overlay.tools.probe import _dialable_sources, node_local
 
         sources = _dialable_sources((self.info or {}).get("kv_event_sources"))
