@@ -17,7 +17,7 @@ SGLANG_TEST_JOBS ?= 3
 .PHONY: venv build-dev wheel install lint rust-check python-lint type-check stub-check test \
 	test-build-and-unit sglang-envs test-unit test-registered \
 	benchmark-smoke selftest benchmark hostile fresh-venv-check sdist-check patches-check \
-	patched-wheel test-patched test-sglang demo stress clean
+	patches-lint patched-wheel test-patched test-sglang demo stress clean
 
 venv: $(PY)
 $(PY):
@@ -73,7 +73,7 @@ python-lint: $(LINT_STAMP) type-check stub-check
 	$(VENV)/bin/ruff format --check python tests test-registered scripts
 	$(PYTHON) scripts/import_cycles.py
 
-# mypy --strict on contract/, server/ and sidecar/ (the files and settings are pyproject's).
+# mypy --strict on the whole package (the files and settings are pyproject's).
 type-check: $(LINT_STAMP)
 	$(VENV)/bin/mypy
 
@@ -97,7 +97,7 @@ test-registered:
 # then the rest in order. The first job's steps keep their order (-j1).
 test:
 	$(MAKE) --no-print-directory -j2 --output-sync=line test-build-and-unit sglang-envs
-	$(MAKE) --no-print-directory -j1 patches-check test-sglang benchmark-smoke
+	$(MAKE) --no-print-directory -j1 patches-check patches-lint test-sglang benchmark-smoke
 
 test-build-and-unit:
 	$(MAKE) --no-print-directory -j1 rust-check install python-lint test-unit fresh-venv-check
@@ -125,6 +125,11 @@ benchmark-smoke: install
 # repack and install the rebuilt wheel into a cached env (scripts/patches.py).
 patches-check:
 	$(PYTHON) scripts/patches.py check
+
+# Upstream SGLang's pre-commit hooks at upstream's pins (black, isort, codespell,
+# pre-commit-hooks) on the files the series adds or changes; the tools' venv is cached.
+patches-lint:
+	$(PYTHON) scripts/patches.py lint
 
 # The rebuilt SGLang wheel, for `pip install dist-patched/sglang-*.whl`.
 patched-wheel:

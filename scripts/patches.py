@@ -24,6 +24,8 @@ session (``sglang_envs.py test --patched``) is built here too: :func:`patched_se
     scripts/patches.py base DIR                 a scratch repo at DIR for editing the series
     scripts/patches.py pr-descriptions          README's PR texts from the commit messages
     scripts/patches.py series-tests             the series' own test/registered files, rebuilt wheel
+    scripts/patches.py lint [--series DIR]      upstream's pre-commit hooks on the files the series
+                                                adds or changes (make patches-lint)
     scripts/patches.py upstream-tests --tests-dir DIR [--against both|stock|rebuilt]
                                                 upstream's existing tests for the touched files,
                                                 stock vs rebuilt (with patches/.../upstream-tests)
@@ -47,6 +49,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import envs
+import upstream_lint
 from cache import cache_root, locked
 from sessions import Session, names_paths
 from sglang_wheel import sglang_wheel
@@ -397,9 +400,13 @@ def _scratch_tests(tests_dir: Path, files: list[str], target: Path) -> None:
         shutil.copy2(tests_dir / name, target / name)
 
 
-def _apply_test_changes(release: str, target: Path, files: list[str]) -> list[str]:
-    """Apply the series' changes to upstream's tests present in ``target``; their names."""
-    applied = []
+def _apply_test_changes(release: str, target: Path, files: list[str]) -> tuple[list[str], set[str]]:
+    """Apply the series' changes to upstream's tests present in ``target``.
+
+    Returns the names of the changes applied and the files of those that do not apply to this
+    copy (checked first with ``git apply --check``, so such a file stays as it was copied).
+    """
+    applied, not_comparable = [], set()
     for change in sorted((series_dir(release) / UPSTREAM_TEST_CHANGES).glob("*.patch")):
         touched = [
             line[len("+++ b/") :].strip()
@@ -409,17 +416,23 @@ def _apply_test_changes(release: str, target: Path, files: list[str]) -> list[st
         if not all(name in files for name in touched):
             log(f"{change.name}: not applied ({', '.join(touched)} not in the local copy)")
             continue
-        result = subprocess.run(
-            ["git", "apply", "--verbose", str(change.resolve())],
-            cwd=target,
-            capture_output=True,
-            text=True,
-            check=False,
-        )
+        for mode in (["--check"], []):
+            result = subprocess.run(
+                ["git", "apply", "--verbose", *mode, str(change.resolve())],
+                cwd=target,
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+            if result.returncode != 0:
+                break
         if result.returncode != 0:
-            raise SystemExit(f"{change.name} does not apply to the local copy:\n{result.stderr}")
+            errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+            log(f"{change.name} does not apply to the local copy: {'; '.join(errors[-2:])}")
+            not_comparable.update(touched)
+            continue
         applied.append(change.name)
-    return applied
+    return applied, not_comparable
 
 
 def _run_upstream_test(python: Path, root: Path, selector: str, extra: list[str]) -> dict:
@@ -442,9 +455,14 @@ def upstream_tests(release: str, tests_dir: Path, against: str, pytest_args: lis
     """Upstream's existing tests for the touched files, from a local copy of ``test/``.
 
     ``stock`` runs them unchanged on the released wheel, ``rebuilt`` runs them, with the
-    series' changes to them applied, on the rebuilt wheel; ``both`` compares the two. Exit
-    status 0 when the rebuilt side fails exactly what the stock side fails (the stored tests
-    may be newer than the release), 1 otherwise, 2 when no listed file is in the copy.
+    series' changes to them applied, on the rebuilt wheel; ``both`` compares the two and says
+    per file ``same as stock``, ``differs``, or ``not comparable`` when the series' change to
+    that file (``upstream-tests/*.patch``) does not apply to the copy given (it then runs
+    unchanged on both sides, for the record). Exit status 0 when every comparable file fails
+    on the rebuilt side exactly what it fails on stock (the copies may be newer than the
+    release, so stock may fail some), 1 otherwise, 2 when no listed file is in the copy. A
+    file that is not comparable does not by itself make the status non-zero. Never fetches:
+    the copy and the two cached envs are all it uses.
     """
     files = sorted({test.split("::")[0] for test in UPSTREAM_TESTS})
     present = [name for name in files if (tests_dir / name).is_file()]
@@ -460,11 +478,13 @@ def upstream_tests(release: str, tests_dir: Path, against: str, pytest_args: lis
     sides = ["stock", "rebuilt"] if against == "both" else [against]
     scratch = cache_root() / "patched" / f"upstream-tests-{release}"
     results: dict[str, dict[str, dict]] = {}
+    not_comparable: set[str] = set()
     for side in sides:
         root = scratch / side
         _scratch_tests(tests_dir, present, root)
         if side == "rebuilt":
-            for name in _apply_test_changes(release, root, present):
+            applied, not_comparable = _apply_test_changes(release, root, present)
+            for name in applied:
                 log(f"applied {name} to the rebuilt side's copy")
             python = patched_env(release)[1] / "bin" / "python"
         else:
@@ -477,26 +497,115 @@ def upstream_tests(release: str, tests_dir: Path, against: str, pytest_args: lis
                 for test in outcome["failed"]:
                     log(f"{side}:     failed {test}")
     if against != "both":
-        return 1 if any(outcome[against]["code"] != 0 for outcome in results.values()) else 0
-    differing = [
-        selector
-        for selector, outcome in results.items()
-        if outcome["rebuilt"]["failed"] != outcome["stock"]["failed"]
-    ]
-    for selector in differing:
-        log(f"rebuilt differs from stock: {selector}")
-    log(f"{len(results) - len(differing)} of {len(results)} as on stock {release}")
+        failing = [
+            selector
+            for selector, outcome in results.items()
+            if outcome[against]["code"] != 0 and selector.split("::")[0] not in not_comparable
+        ]
+        return 1 if failing else 0
+    return _compare(release, results, not_comparable)
+
+
+def _compare(release: str, results: dict[str, dict[str, dict]], not_comparable: set[str]) -> int:
+    """One line per file (``same as stock``, ``differs``, ``not comparable``); 1 if any
+    comparable file differs."""
+    differing, comparable = [], 0
+    for selector, outcome in results.items():
+        if selector.split("::")[0] in not_comparable:
+            verdict = "not comparable (the series' change does not apply to this copy)"
+        elif outcome["rebuilt"]["failed"] == outcome["stock"]["failed"]:
+            comparable += 1
+            verdict = f"same as stock ({outcome['rebuilt']['summary']})"
+        else:
+            comparable += 1
+            differing.append(selector)
+            verdict = (
+                f"differs (stock: {outcome['stock']['summary']}; "
+                f"rebuilt: {outcome['rebuilt']['summary']})"
+            )
+        log(f"{selector}: {verdict}")
+    log(
+        f"{comparable - len(differing)} of {comparable} comparable files as on stock {release}; "
+        f"{len(results) - comparable} not comparable"
+    )
     return 1 if differing else 0
+
+
+def lint(release: str, patches_dir: Path | None = None) -> int:
+    """Upstream's pre-commit hooks (``upstream_lint``) on the files the series adds or changes.
+
+    The series (or the ``*.patch`` files of ``patches_dir``, to try a candidate before it
+    replaces the series) is applied with ``git apply --cached`` to an index of the released
+    tree in a bare clone of the base repo, ``lint-<release>.git`` (no work tree to check out:
+    the hooks see only the files the series touches); the copies the hooks run on are under
+    ``lint-<release>-work``. ``check`` is what proves the series applies exactly with
+    ``git am``. Exit status 0 when the series adds no finding, 1 with one line per finding on
+    stdout.
+    """
+    started = time.monotonic()
+    patches = sorted(patches_dir.glob("*.patch")) if patches_dir else series(release)
+    if not patches:
+        raise SystemExit(f"no patches in {patches_dir}")
+    repo = cache_root() / "patched" / f"lint-{release}.git"
+    with locked(repo.with_name(repo.name + ".lock")):
+        if not (repo / ".complete").exists():
+            shutil.rmtree(repo, ignore_errors=True)
+            git(base_repo(release), "clone", "-q", "--bare", "--shared", ".", repo)
+            (repo / ".complete").write_text(release)
+        tree = _apply_to_index(repo, patches)
+        log(f"lint: {len(patches)} patches applied to the index; tree {tree[:12]}")
+        findings, status = upstream_lint.lint_series(
+            repo, "HEAD", tree, repo.with_name(f"lint-{release}-work")
+        )
+    new = sum(1 for state in status.values() if state == "A")
+    log(f"lint: {len(status)} files ({new} new, {len(status) - new} changed)")
+    for finding in findings:
+        print(finding)
+    upstream_lint.summarize(findings)
+    elapsed = time.monotonic() - started
+    if findings:
+        log(f"lint: {len(findings)} findings of the series in {elapsed:.0f} s")
+        return 1
+    log(f"lint: clean in {elapsed:.0f} s")
+    return 0
+
+
+def _apply_to_index(repo: Path, patches: list[Path]) -> str:
+    """The tree of HEAD with ``patches`` applied, built in a private index of ``repo``."""
+    index = {**os.environ, **GIT_ENV, "GIT_INDEX_FILE": str(repo / "lint-index")}
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["git", "-C", str(repo), *args], env=index, capture_output=True, text=True, check=False
+        )
+
+    if run("read-tree", "HEAD").returncode != 0:
+        raise SystemExit(f"git read-tree HEAD failed in {repo}")
+    for patch in patches:
+        applied = run("apply", "--cached", str(patch.resolve()))
+        if applied.returncode != 0:
+            raise SystemExit(f"{patch.name} does not apply:\n{applied.stderr}")
+    return run("write-tree").stdout.strip()
 
 
 PR_SECTION = "## PR descriptions (ready to paste)"
 
 
 def pr_descriptions(release: str) -> int:
-    """Rewrite the README's last section from the series' commit messages."""
+    """Rewrite the README's PR-descriptions section from the series' commit messages; the
+    hand-written sections after it (the first ``## `` heading not inside a description's
+    code block) are kept."""
     readme = ROOT / "patches" / "README.md"
     text = readme.read_text()
-    head = text.split(PR_SECTION, 1)[0].rstrip("\n")
+    head, _, rest = text.partition(PR_SECTION)
+    head = head.rstrip("\n")
+    tail, fenced = "", False
+    for offset, line in _lines_with_offsets(rest):
+        if line.startswith("```"):
+            fenced = not fenced
+        elif not fenced and line.startswith("## "):
+            tail = rest[offset:]
+            break
     out = [
         head,
         "",
@@ -510,8 +619,18 @@ def pr_descriptions(release: str) -> int:
         subject = " ".join(str(message["Subject"]).split()).split("] ", 1)[-1]
         body = str(message.get_payload()).split("\n---\n", 1)[0].strip()
         out += [f"### {patch.name[:4]}: {subject}", "", "```text", body, "```", ""]
+    if tail:
+        out += [tail.rstrip("\n"), ""]
     readme.write_text("\n".join(out))
     return 0
+
+
+def _lines_with_offsets(text: str) -> list[tuple[int, str]]:
+    lines, offset = [], 0
+    for line in text.splitlines(keepends=True):
+        lines.append((offset, line))
+        offset += len(line)
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -525,6 +644,13 @@ def main(argv: list[str] | None = None) -> int:
     base.add_argument("dir", type=Path)
     commands.add_parser("pr-descriptions", help="refresh README's PR descriptions from the series")
     commands.add_parser("series-tests", help="the series' own tests against the rebuilt wheel")
+    lint_parser = commands.add_parser("lint", help="upstream's pre-commit hooks on the series")
+    lint_parser.add_argument(
+        "--series",
+        type=Path,
+        default=None,
+        help="lint the *.patch files of this directory instead of patches/sglang-<release>",
+    )
     upstream = commands.add_parser("upstream-tests", help="upstream's tests of touched files")
     upstream.add_argument("--tests-dir", type=Path, default=cache_root() / "upstream-sglang")
     upstream.add_argument(
@@ -555,6 +681,8 @@ def main(argv: list[str] | None = None) -> int:
         return pr_descriptions(args.release)
     if args.command == "series-tests":
         return series_tests(args.release)
+    if args.command == "lint":
+        return lint(args.release, args.series.resolve() if args.series else None)
     return upstream_tests(args.release, args.tests_dir.resolve(), args.against, args.pytest_args)
 
 
