@@ -15,6 +15,7 @@ import socket
 import threading
 from collections.abc import Callable, Iterator
 from concurrent import futures
+from unittest import mock
 
 import grpc
 import pytest
@@ -24,7 +25,7 @@ from probe_nodes import grpc_node, run_cli
 from sglang_sidecar_overlay.contract.endpoints import endpoint_problems, normalize_endpoint
 from sglang_sidecar_overlay.contract.schema import contract_validator, load_schema
 from sglang_sidecar_overlay.tools import probe
-from sglang_sidecar_overlay.tools.probe import check_server_info, wire
+from sglang_sidecar_overlay.tools.probe import check_server_info, shapes, wire
 from wire_server import encode_get_server_info_response
 
 # --- endpoint grammar ---------------------------------------------------------------------------
@@ -206,6 +207,32 @@ def test_checks_never_raise_on_wrong_types(value: object) -> None:
     assert findings
     if not isinstance(value, dict):
         assert info is None
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.one_of(WRONG_TYPED_INFO, JSON_VALUES))
+def test_checks_never_raise_without_the_schema(value: object) -> None:
+    """jsonschema not importable: nothing is flagged by shape, and the rules still only report."""
+
+    def no_schema() -> None:
+        raise ImportError("No module named 'jsonschema'")
+
+    with mock.patch.object(shapes, "contract_validator", no_schema):
+        _, findings = check_server_info(json.dumps(value))
+    said = any("cannot check shapes" in f.message for f in findings)
+    assert findings and said is isinstance(value, dict), findings
+
+
+def test_a_rank_space_without_widths_is_reported_without_the_schema() -> None:
+    space = {"size": 2, "local_ranks": "not a list"}
+    info = {"kv_event_rank_space": space, "kv_event_sources": []}
+
+    def no_schema() -> None:
+        raise ImportError("No module named 'jsonschema'")
+
+    with mock.patch.object(shapes, "contract_validator", no_schema):
+        _, findings = check_server_info(json.dumps(info))
+    assert [f.level for f in findings if f.check == "schema"] == ["error"]
 
 
 @pytest.mark.parametrize("depth", [65, 10_000, 100_000])

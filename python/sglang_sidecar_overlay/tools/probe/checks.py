@@ -287,9 +287,12 @@ class _SourceRules:
                 (SPACE, "size"),
                 f"{size} ≠ system_dp_size {system_dp} × attn_dp_size {attn_dp}",
             )
-        if self.flagged.under((SPACE, "local_ranks")):
+        local = space.get("local_ranks")
+        # Not a list of ints: the schema's finding (or, without the schema, no comparison).
+        if self.flagged.under((SPACE, "local_ranks")) or not (
+            isinstance(local, list) and all(is_int(rank) for rank in local)
+        ):
             return
-        local = space["local_ranks"]
         advertised = sorted({rank for rank in self.advertised_ranks() if is_int(rank)})
         if sorted(local) != advertised:
             self.found.error(
