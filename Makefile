@@ -15,7 +15,8 @@ SGLANG_RELEASES ?= ci
 SGLANG_TEST_JOBS ?= 3
 
 .PHONY: venv build-dev wheel install lint rust-check python-lint type-check stub-check test \
-	test-build-and-unit sglang-envs test-unit test-registered \
+	test-build-and-unit test-series sglang-envs series-tests test-sglang-pool test-unit \
+	test-registered \
 	benchmark-smoke selftest benchmark hostile fresh-venv-check sdist-check patches-check \
 	patches-lint patched-wheel test-patched test-sglang demo stress clean
 
@@ -96,23 +97,31 @@ test-registered:
 # time), and the SGLang tier's cached envs (downloads and installs, built only when missing);
 # then the rest in order. The first job's steps keep their order (-j1).
 test:
-	$(MAKE) --no-print-directory -j2 --output-sync=line test-build-and-unit sglang-envs
-	$(MAKE) --no-print-directory -j1 patches-check patches-lint test-sglang benchmark-smoke
+	$(MAKE) --no-print-directory -j2 --output-sync=line test-build-and-unit test-series
+	$(MAKE) --no-print-directory -j1 test-sglang-pool benchmark-smoke
 
 test-build-and-unit:
 	$(MAKE) --no-print-directory -j1 rust-check install python-lint test-unit fresh-venv-check
 
-# The releases' envs, the next Dynamo versions' envs and the rebuilt wheel's env (each cached
-# under SGLANG_OVERLAY_CACHE, built under its own lock, so the steps that need them later only
-# find them).
+# What needs no project wheel: the SGLang envs, then the upstream series checked, linted and
+# its own tests run on the rebuilt wheel.
+test-series:
+	$(MAKE) --no-print-directory -j1 sglang-envs patches-check patches-lint series-tests
+
+# The releases' envs and the next Dynamo versions' envs (each cached under
+# SGLANG_OVERLAY_CACHE, built under its own lock, so the steps that need them later only find
+# them); patches-check builds the rebuilt wheel's.
 sglang-envs:
 	$(PYTHON) scripts/sglang_envs.py build --releases $(SGLANG_RELEASES)
-	$(PYTHON) scripts/patches.py check
+
+series-tests:
+	$(PYTHON) scripts/patches.py series-tests
 
 # What `make test` runs of test-registered and test-patched: the series' own tests, then the
 # releases' sessions and the rebuilt wheel's in one pool, SGLANG_TEST_JOBS side by side.
-test-sglang:
-	$(PYTHON) scripts/patches.py series-tests
+test-sglang: series-tests test-sglang-pool
+
+test-sglang-pool:
 	$(PY) scripts/sglang_envs.py test --releases $(SGLANG_RELEASES) --with-patched \
 		--jobs $(SGLANG_TEST_JOBS) --wheel-dir $(WHEEL_DIR)
 
