@@ -17,7 +17,7 @@ import yaml
 from sglang.srt.server_args import ServerArgs
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.test_utils import CustomTestCase
-from sglang_sidecar_overlay.contract.server_info import legacy_dp_size_enabled
+from sglang_sidecar_overlay.contract.server_info import LEGACY_DP_SIZE_ENV, legacy_dp_size_enabled
 from sglang_sidecar_overlay.sidecar.supervisor import SidecarOptions
 
 register_cpu_ci(est_time=1, suite="base-a-test-cpu")
@@ -115,19 +115,15 @@ class TestDeploymentGuide(CustomTestCase):
                     self.assertRegex(args.dist_init_addr, r"^10\.0\.0\.1:\d+$")
                 kv_events = json.loads(args.kv_events_config)
                 self.assertEqual(kv_events["publisher"], "zmq")
-                for assignment in prefix:
-                    exported = assignment.removeprefix("--export=").split(",")
-                    for item in exported:
-                        name, _, value = item.partition("=")
-                        if name == "SGLANG_SIDECAR_OVERLAY_LEGACY_DP_SIZE":
-                            self.assertTrue(
-                                legacy_dp_size_enabled({name: value}), (assignment, argv)
-                            )
-                if args.enable_dp_attention:
-                    self.assertTrue(
-                        any("SGLANG_SIDECAR_OVERLAY_LEGACY_DP_SIZE=1" in p for p in prefix),
-                        f"an attention-DP command without the legacy switch: {prefix}",
-                    )
+                # Zero configuration: no recipe sets the dp_size switch, and unset it is on for
+                # the recipe's --sidecar (the shape every Dynamo version registers exactly).
+                exported = [
+                    item.partition("=")[0]
+                    for assignment in prefix
+                    for item in assignment.removeprefix("--export=").split(",")
+                ]
+                self.assertNotIn(LEGACY_DP_SIZE_ENV, exported, prefix)
+                self.assertTrue(legacy_dp_size_enabled({}, sidecar=args.sidecar), args.sidecar)
 
     def test_groups_in_the_guide_agree_per_node(self):
         """The two nodes of a group differ only in --node-rank."""
