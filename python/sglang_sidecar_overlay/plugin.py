@@ -8,7 +8,8 @@ API generation and registers the hooks this process's role needs with SGLang's
 walk over every loaded module, so the engine process registers one hook here and the rest
 when a launch tells it the node's role (``adapters/_hooks.py``). An unsupported version
 gets one warning naming the supported range and nothing is installed. Calling ``load``
-again in the same process does nothing.
+again in the same process does nothing: its guard is ``PROCESS.loaded``, in the one object
+that holds the overlay's state in a process (``adapters/_node_launch.py``).
 ``SGLANG_PLUGINS`` allow-listing is SGLang's own: a list without ``sidecar_overlay`` means
 ``load`` is never called.
 """
@@ -18,22 +19,18 @@ from __future__ import annotations
 import importlib
 import logging
 import multiprocessing
-import threading
 
 from sglang_sidecar_overlay import releases
+from sglang_sidecar_overlay.adapters._node_launch import PROCESS
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["installed_adapter", "load"]
 
-_lock = threading.Lock()
-_state: dict[str, object] = {}
-
 
 def installed_adapter() -> str | None:
     """The adapter module whose hooks this process registered, or None."""
-    adapter = _state.get("adapter")
-    return adapter if isinstance(adapter, str) else None
+    return PROCESS.adapter
 
 
 def _is_main_process() -> bool:
@@ -44,10 +41,10 @@ def _is_main_process() -> bool:
 
 def load() -> None:
     """Register the hooks of the adapter matching the installed SGLang. Idempotent."""
-    with _lock:
-        if "loaded" in _state:
+    with PROCESS.lock:
+        if PROCESS.loaded:
             return
-        _state["loaded"] = True
+        PROCESS.loaded = True
         version = releases.installed_sglang_version()
         adapter_name = releases.adapter_for(version) if version else None
         if adapter_name is None:
@@ -61,5 +58,5 @@ def load() -> None:
 
         adapter = importlib.import_module(adapter_name)
         adapter.register(HookRegistry, HookType, main_process=_is_main_process())
-        _state["adapter"] = adapter_name
+        PROCESS.adapter = adapter_name
         logger.info("sglang-sidecar-overlay: SGLang %s hooks from %s", version, adapter_name)

@@ -33,7 +33,7 @@ from overlay_harness.group import EngineGroup
 from overlay_harness.testcase import NodesTestCase
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang_sidecar_overlay import releases
-from sglang_sidecar_overlay.adapters._side_channel import SOURCES_DIR_ENV
+from sglang_sidecar_overlay.adapters._hooks import CHILD_LAUNCH_ENV
 from sglang_sidecar_overlay.contract import schema
 from sglang_sidecar_overlay.contract.redaction import REDACTED
 
@@ -121,8 +121,9 @@ class TestHttpServerInfo(NodesTestCase):
             with contextlib.suppress(OSError):
                 for entry in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
                     name, _, value = entry.decode(errors="replace").partition("=")
-                    if name == SOURCES_DIR_ENV:
-                        exported.add(value)
+                    if name == CHILD_LAUNCH_ENV and value:
+                        sources_dir = json.loads(value).get("sources_dir")
+                        exported |= {sources_dir} if sources_dir else set()
         if not SIDE_CHANNEL:
             self.assertEqual(exported, set())
             return

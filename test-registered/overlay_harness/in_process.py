@@ -1,5 +1,6 @@
 """An in-process leader for tests that launch nothing: real server args, the plugin loaded
-through SGLang's own ``HookRegistry``, and the hooks a leader's launch would install."""
+through SGLang's own ``HookRegistry``, the leader's launch begun and the hooks it would
+install."""
 
 from __future__ import annotations
 
@@ -33,6 +34,41 @@ def leader_with_launch_hooks(groups: list[str]) -> Any:
     server_args.resolve_once()
     plugin.load()
     HookRegistry.apply_hooks()
+    begin_launch(server_args)
     adapter = importlib.import_module(plugin.installed_adapter() or "")
     adapter.install_launch_hooks(groups)
     return server_args
+
+
+def begin_launch(server_args: Any) -> None:
+    """Begin a leader's launch of ``server_args`` in this process, as the launch hook does
+    when SGLang launches the schedulers (its incarnation, switch and sidecar options)."""
+    from sglang_sidecar_overlay.adapters import _launch
+
+    _launch.begin_node_launch(server_args)
+
+
+def leader_runtime_handle(server_args: Any, sources: list, media_tokens: bool = True) -> Any:
+    """SGLang's real ``RuntimeHandle`` (what its Rust gRPC server calls for ``GetServerInfo``)
+    holding a leader's launch-time state: ``server_args`` and ready info carrying ``sources``.
+
+    Made without ``__init__``, which would start the tokenizer manager's event loop: a
+    stand-in tokenizer manager carries the real server args (it needs a model to exist for
+    real) and, with ``media_tokens``, a stand-in multimodal processor whose image token
+    upstream reports in ``grpc_features`` (0.5.23+).
+    """
+    import types
+
+    from sglang.srt.entrypoints.grpc_bridge import RuntimeHandle
+
+    mm_processor = None
+    if media_tokens:
+        tokens = types.SimpleNamespace(image_token="<image>", video_token=None, audio_token=None)
+        mm_processor = types.SimpleNamespace(mm_tokens=tokens)
+    handle = RuntimeHandle.__new__(RuntimeHandle)
+    handle.tokenizer_manager = types.SimpleNamespace(
+        server_args=server_args, mm_processor=mm_processor
+    )
+    handle.server_args = server_args
+    handle.scheduler_info = {"status": "ready", "kv_event_sources": list(sources)}
+    return handle

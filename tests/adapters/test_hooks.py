@@ -1,4 +1,5 @@
-"""Which hook groups a process spawned by the engine registers (``adapters/_hooks.py``).
+"""What a process spawned by the engine gets from its launch, through the one variable of
+``adapters/_hooks.py``: its hook groups and the side channel.
 
 Real spawned processes read what the engine process exported when it started them, the way
 SGLang's schedulers and detokenizer inherit the environment at spawn.
@@ -20,10 +21,15 @@ def _child_groups(out) -> None:
     out.close()
 
 
-def _spawned_groups() -> list[str]:
+def _child_sources_dir(out) -> None:
+    out.send((_hooks.from_parent_launch() or {}).get("sources_dir"))
+    out.close()
+
+
+def _spawned_groups(report=_child_groups) -> list[str]:
     ctx = multiprocessing.get_context("spawn")
     receiver, sender = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_child_groups, args=(sender,))
+    proc = ctx.Process(target=report, args=(sender,))
     proc.start()
     try:
         assert receiver.poll(60), "the spawned process did not report"
@@ -36,7 +42,7 @@ def _spawned_groups() -> list[str]:
 
 @pytest.fixture(autouse=True)
 def _restore_env(monkeypatch):
-    monkeypatch.delenv(_hooks.CHILD_HOOKS_ENV, raising=False)
+    monkeypatch.delenv(_hooks.CHILD_LAUNCH_ENV, raising=False)
 
 
 def test_a_process_no_launch_spawned_registers_every_child_group() -> None:
@@ -44,13 +50,20 @@ def test_a_process_no_launch_spawned_registers_every_child_group() -> None:
 
 
 def test_children_of_a_launch_get_its_groups_and_later_ones_none() -> None:
-    with _hooks.exported_child_groups(["prefill_sender"]):
+    with _hooks.exported_to_children(["prefill_sender"]):
         assert _spawned_groups() == ["prefill_sender"]
     # What the engine spawns after the launch (the detokenizer) registers nothing.
-    assert os.environ[_hooks.CHILD_HOOKS_ENV] == ""
+    assert os.environ[_hooks.CHILD_LAUNCH_ENV] == ""
     assert _spawned_groups() == []
 
 
 def test_a_launch_that_needs_nothing_in_its_children_exports_nothing() -> None:
-    with _hooks.exported_child_groups([]):
+    with _hooks.exported_to_children([]):
         assert _spawned_groups() == []
+
+
+def test_the_side_channel_goes_to_the_children_with_their_groups(tmp_path) -> None:
+    with _hooks.exported_to_children(["sources"], str(tmp_path)):
+        assert _spawned_groups(_child_sources_dir) == str(tmp_path)
+        assert _spawned_groups() == ["sources"]
+    assert _spawned_groups(_child_sources_dir) is None

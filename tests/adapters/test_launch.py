@@ -1,8 +1,9 @@
-"""What a node's launch hook reads before any scheduler starts (``adapters/_launch``).
+"""What a node's launch hook decides before any scheduler starts (``adapters/_launch``).
 
 The ``--sidecar-args`` options and the ``dp_size`` switch: a bad value fails the launch there,
-naming the option and the value, before the launch's incarnation begins. The SGLang tier runs
-the same through a real leader (``faults/test_launch_faults.py``).
+naming the option and the value, before the launch begins. A good launch parses the options
+once and every sidecar of the launch uses them. The SGLang tier runs the same through a real
+leader (``faults/test_launch_faults.py``).
 """
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ import types
 
 import pytest
 from sglang_sidecar_overlay.adapters import _launch
-from sglang_sidecar_overlay.contract import incarnation
+from sglang_sidecar_overlay.adapters._node_launch import PROCESS
+from sglang_sidecar_overlay.contract.legacy_dp_size import LEGACY_DP_SIZE_ENV
+from sglang_sidecar_overlay.sidecar import supervisor
 
 
 def launch_args(sidecar: str | None, sidecar_args: object) -> types.SimpleNamespace:
@@ -27,23 +30,66 @@ def launch_args(sidecar: str | None, sidecar_args: object) -> types.SimpleNamesp
         (["--sidecar-restart-window", "soon"], "--sidecar-restart-window: invalid value 'soon'"),
     ],
 )
-def test_a_bad_sidecar_option_fails_before_the_incarnation(bad: list[str], message: str) -> None:
-    before = incarnation.begin_launch()
+def test_a_bad_sidecar_option_fails_before_the_launch_begins(bad: list[str], message: str) -> None:
+    before = _launch.begin_node_launch()
     # SGLang holds --sidecar-args as JSON text.
     with pytest.raises(ValueError, match=message):
         _launch.begin_node_launch(launch_args("provider", json.dumps(bad)))
-    assert incarnation.launch_incarnation() is before
+    assert PROCESS.launch is before
 
 
-def test_good_options_begin_a_new_incarnation() -> None:
-    before = incarnation.begin_launch()
+def test_a_bad_switch_value_fails_before_the_launch_begins(monkeypatch) -> None:
+    before = _launch.begin_node_launch()
+    monkeypatch.setenv(LEGACY_DP_SIZE_ENV, "maybe")
+    with pytest.raises(ValueError, match="'maybe' is not a boolean"):
+        _launch.begin_node_launch(launch_args("dynamo.sglang.sidecar", []))
+    assert PROCESS.launch is before
+
+
+def test_good_options_begin_a_new_launch_with_them() -> None:
+    before = _launch.begin_node_launch()
     args = ["--sidecar-restart", "on-failure", "--provider-flag", "x"]
-    _launch.begin_node_launch(launch_args("provider", args))
-    assert incarnation.launch_incarnation() is not before
+    launch = _launch.begin_node_launch(launch_args("provider", args))
+    assert PROCESS.launch is launch is not before
+    assert launch.incarnation.id != before.incarnation.id
+    assert launch.sidecar_options is not None and launch.sidecar_options.restart == "on-failure"
+    assert launch.provider_args == ["--provider-flag", "x"]
 
 
 def test_sidecar_args_without_a_sidecar_are_not_read() -> None:
     # Without --sidecar nothing uses them, as in upstream's launch.
-    before = incarnation.begin_launch()
-    _launch.begin_node_launch(launch_args(None, ["--sidecar-restart", "sometimes"]))
-    assert incarnation.launch_incarnation() is not before
+    before = _launch.begin_node_launch()
+    launch = _launch.begin_node_launch(launch_args(None, ["--sidecar-restart", "sometimes"]))
+    assert launch is not before and launch.sidecar_options is None
+
+
+def test_the_switch_is_decided_once_per_launch(monkeypatch) -> None:
+    monkeypatch.delenv(LEGACY_DP_SIZE_ENV, raising=False)
+    launch = _launch.begin_node_launch(launch_args("dynamo.sglang.sidecar", []))
+    assert launch.legacy_dp_size is True
+    # A later change of the environment is not re-read by this launch's replies.
+    monkeypatch.setenv(LEGACY_DP_SIZE_ENV, "0")
+    assert _launch.launch_for({"sidecar": None}) is launch and launch.legacy_dp_size is True
+
+
+def test_the_sidecar_options_are_parsed_once_per_launch(monkeypatch) -> None:
+    from sglang_sidecar_overlay.adapters import _sidecar
+
+    parses: list[list[str]] = []
+    parse = supervisor.SidecarOptions.from_args.__func__
+
+    def counted(cls, sidecar_args):
+        parses.append(list(sidecar_args))
+        return parse(cls, sidecar_args)
+
+    monkeypatch.setattr(supervisor.SidecarOptions, "from_args", classmethod(counted))
+    args = ["--sidecar-on-followers", "--sidecar-shutdown-timeout", "3", "--flag"]
+    launch = _launch.begin_node_launch(launch_args("provider", args), follower=True)
+    # The follower's sidecar and a leader's, as the node would build them: no new parse.
+    follower = _sidecar._node_sidecar(launch, "127.0.0.1", 5000, "follower")
+    leader = _sidecar._node_sidecar(launch, "127.0.0.1", 5001, "leader")
+    assert len(parses) == 1
+    for sidecar in (follower, leader):
+        assert sidecar.supervisor.provider_args == ["--flag"]
+        assert sidecar.supervisor.options.shutdown_timeout == 3.0
+        assert sidecar.running is launch.sidecars

@@ -8,8 +8,8 @@ without them.
 
 from __future__ import annotations
 
-from sglang_sidecar_overlay.adapters import _server_info
-from sglang_sidecar_overlay.contract.incarnation import CONTRACT_VERSION, begin_launch
+from sglang_sidecar_overlay.adapters import _launch, _server_info
+from sglang_sidecar_overlay.contract.incarnation import CONTRACT_VERSION
 from sglang_sidecar_overlay.contract.redaction import REDACTED
 
 BOUNDS = {"replay_buffer_steps": 10, "hwm": 5, "max_queue_size": 3}
@@ -31,7 +31,7 @@ BODY = {
 
 
 def test_a_body_is_rebuilt_with_the_node_bounds_where_sources_lack_them() -> None:
-    incarnation = begin_launch()
+    incarnation = _launch.begin_node_launch().incarnation
     info = _server_info.rebuild_server_info(BODY, BOUNDS)
     assert [source["dp_rank"] for source in info["kv_event_sources"]] == [0, 1]
     # What a source reports wins over the node's configured bound.

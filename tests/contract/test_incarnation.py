@@ -18,9 +18,7 @@ from sglang_sidecar_overlay.adapters._publisher import publisher_bounds, with_pu
 from sglang_sidecar_overlay.contract.incarnation import (
     CONTRACT_VERSION,
     Incarnation,
-    begin_launch,
     check_incarnation,
-    launch_incarnation,
 )
 from sglang_sidecar_overlay.contract.schema import load_schema
 from sglang_sidecar_overlay.contract.server_info import build_server_info, render_server_info
@@ -43,16 +41,15 @@ def snapshot(incarnation=FIXED, args=ARGS) -> dict:
     return build_server_info(args, READY, incarnation=incarnation, kv_event_sources=sources)
 
 
-def test_every_launch_gets_a_new_128_bit_id_kept_for_the_whole_launch() -> None:
-    first = begin_launch()
-    assert launch_incarnation() is first is launch_incarnation()
+def test_every_incarnation_gets_a_new_128_bit_id_and_its_start_time() -> None:
+    first = Incarnation.new()
     assert re.fullmatch(r"[0-9a-f]{32}", first.id)
-    second = begin_launch()
-    assert second.id != first.id and launch_incarnation() is second
+    second = Incarnation.new()
+    assert second.id != first.id
     assert second.started_at >= first.started_at > 1_600_000_000
     ids = {Incarnation.new().id for _ in range(200)}
     assert len(ids) == 200
-    assert begin_launch(started_at=123.5).started_at == 123.5
+    assert Incarnation.new(started_at=123.5).started_at == 123.5
 
 
 def test_builder_stamps_version_and_launch_and_stays_deterministic() -> None:

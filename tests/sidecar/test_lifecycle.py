@@ -482,18 +482,20 @@ def test_sigterm_stops_sidecar_first_then_reaches_previous_handler(
 
 def test_sigterm_hook_stops_node_sidecars_gracefully(supervise, tmp_path) -> None:
     # SGLang's SIGTERM handler runs the hook, long before its shutdown SIGKILLs the children.
+    from sglang_sidecar_overlay.adapters import _launch
     from sglang_sidecar_overlay.adapters import _sidecar as node_sidecars
 
     report = tmp_path / "r.json"
     sup, fatal = supervise("serve", ["--report", str(report)])
-    sidecar = node_sidecars.NodeSidecar(sup, "leader")
+    launch = _launch.begin_node_launch()
+    sidecar = node_sidecars.NodeSidecar(sup, "leader", launch.sidecars)
     sidecar.start()
     read_report(report)
-    assert sidecar in node_sidecars.RUNNING
+    assert sidecar in launch.sidecars
     node_sidecars.after_sigterm_handler(None, object())
     assert wait_for(lambda: sidecar.stopped_at is not None, 10)  # the hook alone stops it
     sidecar.stop()  # the lifespan's call: a no-op now
     assert sup.pid is None and not sup.is_alive()
     assert Path(f"{report}.term").exists()  # SIGTERM and its grace, not a SIGKILL
     assert fatal.calls == []
-    assert sidecar not in node_sidecars.RUNNING
+    assert sidecar not in launch.sidecars

@@ -15,10 +15,11 @@ import logging
 import os
 import signal
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from sglang_sidecar_overlay.adapters import _sglang
+from sglang_sidecar_overlay.adapters._node_launch import NodeLaunch
 from sglang_sidecar_overlay.adapters._server_info import node_server_info
 from sglang_sidecar_overlay.contract.server_info import render_server_info
 from sglang_sidecar_overlay.sidecar import proctree
@@ -30,23 +31,23 @@ logger = logging.getLogger(__name__)
 
 
 def start_node_follower(
-    server_args: Any, scheduler_info: Mapping[str, Any], scheduler_pids: Iterable[int]
+    server_args: Any, scheduler_info: Mapping[str, Any], launch: NodeLaunch
 ) -> FollowerMetadataServer:
-    """Start this follower node's metadata server on ``--host``/``--grpc-port``."""
+    """Start this follower node's metadata server on ``--host``/``--grpc-port``, watching the
+    launch's scheduler processes (with the launch's opt-in sidecar, if any)."""
     # Imported here: only a follower's engine process serves its own metadata.
     from sglang_sidecar_overlay.server.follower import start_follower_server
 
     cfg = _sglang.serving()
     info = node_server_info(server_args, scheduler_info)
     server = start_follower_server(
-        str(cfg.host), int(cfg.grpc_port), render_server_info(info), scheduler_pids
+        str(cfg.host), int(cfg.grpc_port), render_server_info(info), launch.scheduler_pids()
     )
-    module, _ = _sglang.sidecar_config()
-    if module is not None:
+    if launch.sidecar is not None:
         # Imported only where a sidecar is configured: the supervisor is most of the code.
         from sglang_sidecar_overlay.adapters import _sidecar
 
-        _sidecar.attach_follower_sidecar(server, info.get("kv_event_sources") or [])
+        _sidecar.attach_follower_sidecar(server, info.get("kv_event_sources") or [], launch)
     stop_server_before_sigquit(server)
     return server
 

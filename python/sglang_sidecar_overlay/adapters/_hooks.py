@@ -19,16 +19,23 @@ walks nothing there.
   follower branch, the tokenizer manager and its SIGTERM handler, and the HTTP lifespan all
   run after the scheduler launch.
 - **Processes the launch spawns** (schedulers, the DP controller): they inherit the
-  environment at spawn, and :func:`exported_child_groups` puts the groups they need in
-  ``CHILD_HOOKS_ENV`` for exactly that span; afterwards it holds no group, so what the
-  engine spawns later (the detokenizer, tokenizer workers) registers nothing. A process that
-  did not come from such a launch (no variable at all) registers every child group, as
+  environment at spawn and register the groups their launch exported to them. A process
+  that did not come from such a launch (no variable at all) registers every child group, as
   before.
+
+What a launch hands the processes it spawns is one environment variable,
+:data:`CHILD_LAUNCH_ENV`: a JSON object with the hook groups they register (``hooks``) and,
+before 0.5.22, the side channel their sources go back through (``sources_dir``,
+``_side_channel``). It holds them only while the launch spawns; what the engine spawns later
+(the detokenizer, tokenizer workers) gets an empty value and registers nothing.
+
+Which groups a launch needs is ``_plan.launch_plan``'s rule, the same for every release.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -36,7 +43,7 @@ from typing import Any, NamedTuple
 
 from sglang_sidecar_overlay.entry_point import DIST_NAME, PLUGIN_NAME
 
-CHILD_HOOKS_ENV = "SGLANG_SIDECAR_OVERLAY_CHILD_HOOKS"
+CHILD_LAUNCH_ENV = "SGLANG_SIDECAR_OVERLAY_CHILD_LAUNCH"
 
 
 # A NamedTuple, not a dataclass: every process that loads the plugin defines it, and a
@@ -56,24 +63,15 @@ def register(registry: Any, hook_type: Any, hooks: Iterable[Hook], **kwargs: Any
 
 def child_groups(all_groups: Iterable[str]) -> list[str]:
     """The child hook groups this (non-engine) process needs, from its launch's export."""
-    exported = os.environ.get(CHILD_HOOKS_ENV)
+    exported = from_parent_launch()
     if exported is None:
         return list(all_groups)
-    return [name for name in exported.split(",") if name]
-
-
-@contextlib.contextmanager
-def exported_child_groups(names: Iterable[str]) -> Iterator[None]:
-    """Export ``names`` to the processes spawned inside the block; none to later ones."""
-    os.environ[CHILD_HOOKS_ENV] = ",".join(names)
-    try:
-        yield
-    finally:
-        os.environ[CHILD_HOOKS_ENV] = ""
+    return [str(name) for name in exported.get("hooks") or []]
 
 
 class ProcessHooks:
-    """The launch-time hook groups this process has registered and applied (each once)."""
+    """The launch-time hook groups this process has registered and applied (each once); held
+    by ``_node_launch.PROCESS``."""
 
     def __init__(self) -> None:
         self._installed: set[str] = set()
@@ -96,5 +94,20 @@ class ProcessHooks:
         return added
 
 
-# The engine process's launch-time groups (a process launches one node at a time).
-installed = ProcessHooks()
+def from_parent_launch() -> dict[str, Any] | None:
+    """What the launch that spawned this process exported to it; None when no launch did."""
+    raw = os.environ.get(CHILD_LAUNCH_ENV)
+    if raw is None:
+        return None
+    exported = json.loads(raw) if raw else {}
+    return exported if isinstance(exported, dict) else {}
+
+
+@contextlib.contextmanager
+def exported_to_children(hooks: Iterable[str], sources_dir: str | None = None) -> Iterator[None]:
+    """Hand the processes spawned inside the block their hook groups (and side channel)."""
+    os.environ[CHILD_LAUNCH_ENV] = json.dumps({"hooks": list(hooks), "sources_dir": sources_dir})
+    try:
+        yield
+    finally:
+        os.environ[CHILD_LAUNCH_ENV] = ""

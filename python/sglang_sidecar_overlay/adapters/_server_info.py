@@ -1,9 +1,9 @@
 """The node's server info from SGLang's objects, in the engine process: the builder's inputs.
 
 SGLang's resolved server args, ready info and KV-events descriptor become plain data here and
-go to the one builder (``contract.server_info.build_server_info``) with the launch's
-incarnation, the node's publisher bounds and the legacy ``dp_size`` switch (on by default for
-a ``--sidecar`` that checks ranks against ``dp_size``). Upstream's own replies are turned into
+go to the one builder (``contract.server_info.build_server_info``) with the node's publisher
+bounds and, from the node's launch (``_launch.launch_for``), its incarnation and the
+``dp_size`` switch decided when the launch began. Upstream's own replies are turned into
 the builder's by the functions below: an HTTP ``/server_info`` body is passed through the
 builder, and the 0.5.22+ leader's gRPC reply keeps only what upstream adds after its builder.
 """
@@ -11,25 +11,19 @@ builder, and the 0.5.22+ leader's gRPC reply keeps only what upstream adds after
 from __future__ import annotations
 
 import json
-import logging
-import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from sglang_sidecar_overlay.adapters import _sglang
+from sglang_sidecar_overlay.adapters._launch import launch_for
 from sglang_sidecar_overlay.adapters._publisher import with_publisher_bounds
-from sglang_sidecar_overlay.contract.incarnation import launch_incarnation
-from sglang_sidecar_overlay.contract.legacy_dp_size import consumer_version
 from sglang_sidecar_overlay.contract.redaction import redact
 from sglang_sidecar_overlay.contract.server_info import (
-    LEGACY_DP_SIZE_ENV,
     build_server_info,
-    legacy_dp_size_enabled,
+    checked_sources,
     render_server_info,
     to_jsonable,
 )
-
-logger = logging.getLogger(__name__)
 
 
 def collected_sources(
@@ -43,55 +37,34 @@ def collected_sources(
     return collected
 
 
-_legacy_decision_logged = False
-
-
-def legacy_dp_size(server_args: Mapping[str, Any]) -> bool:
-    """The ``dp_size`` switch for this node: as set, or on by default for a ``--sidecar``
-    that checks ranks against the data-parallel widths (logged once per process)."""
-    global _legacy_decision_logged
-    sidecar = server_args.get("sidecar")
-    enabled = legacy_dp_size_enabled(sidecar=sidecar)
-    if not _legacy_decision_logged and (enabled or LEGACY_DP_SIZE_ENV in os.environ):
-        _legacy_decision_logged = True
-        logger.info("%s", legacy_dp_size_decision(enabled, sidecar))
-    return enabled
-
-
-def legacy_dp_size_decision(enabled: bool, sidecar: str | None) -> str:
-    """One line: the switch's state, what it was based on, and the shape it serves."""
-    if LEGACY_DP_SIZE_ENV in os.environ:
-        basis = f"{LEGACY_DP_SIZE_ENV}={os.environ[LEGACY_DP_SIZE_ENV]!r} set by the operator"
-    else:
-        basis = f"{LEGACY_DP_SIZE_ENV} not set: on for --sidecar {sidecar}"
-    consumer = consumer_version(sidecar)
-    if consumer is not None:
-        distribution, version = consumer
-        basis += f" ({distribution} {version or 'not installed here'})"
-    if not enabled:
-        return f"{basis}: dp_size and attn_dp_size reported as SGLang resolved them"
-    return (
-        f"{basis}: dp_size reports the KV-publisher ranks and attn_dp_size 1, the shape "
-        "Dynamo <= 1.6.1 (dp_rank < dp_size) and >= 1.7 (dp_rank < dp_size * attn_dp_size) "
-        "both register exactly (set it to 0 to report SGLang's own widths)"
+def node_sources(server_args: Any, scheduler_info: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The node's ready-time sources with the publisher bounds of its ``--kv-events-config``."""
+    return with_publisher_bounds(
+        scheduler_info.get("kv_event_sources") or [],
+        _sglang.kv_publisher_bounds(getattr(server_args, "kv_events_config", None)),
     )
 
 
 def node_server_info(server_args: Any, scheduler_info: Mapping[str, Any]) -> dict[str, Any]:
-    """The core's server-info object for this node, from SGLang's live objects."""
-    args = _sglang.server_args_dict(server_args)
+    """The core's server-info object for this node, from SGLang's live objects and the
+    node's launch (its incarnation and ``dp_size`` switch)."""
+    launch = launch_for(server_args)
     return build_server_info(
-        args,
+        _sglang.server_args_dict(server_args),
         scheduler_info,
-        incarnation=launch_incarnation(),
+        incarnation=launch.incarnation,
         launch_command=getattr(server_args, "launch_command", None),
         kv_events=_sglang.kv_events_descriptor(server_args),
-        kv_event_sources=with_publisher_bounds(
-            scheduler_info.get("kv_event_sources") or [],
-            _sglang.kv_publisher_bounds(getattr(server_args, "kv_events_config", None)),
-        ),
-        legacy_dp_size=legacy_dp_size(args),
+        kv_event_sources=node_sources(server_args, scheduler_info),
+        legacy_dp_size=launch.legacy_dp_size,
     )
+
+
+def check_node_sources(server_args: Any, scheduler_info: Mapping[str, Any]) -> None:
+    """Raise what the node's first reply would raise for its sources (a conflict, a rank
+    outside the rank space), without building the reply."""
+    sources = node_sources(server_args, scheduler_info)
+    checked_sources(_sglang.server_args_dict(server_args), sources)
 
 
 def leader_grpc_reply(
@@ -110,14 +83,6 @@ def leader_grpc_reply(
     return render_server_info({**core, **redact(to_jsonable(extras))})
 
 
-def log_leader_reply_built(text: str) -> None:
-    """Once per launch: the leader's reply was built, and is cached text from now on."""
-    logger.info(
-        "leader GetServerInfo reply built (%d bytes), served as cached text for this launch",
-        len(text),
-    )
-
-
 def rebuild_server_info(
     upstream: Mapping[str, Any], publisher_bounds: Mapping[str, int] | None = None
 ) -> dict[str, Any]:
@@ -126,14 +91,15 @@ def rebuild_server_info(
     sources = upstream.get("kv_event_sources") or []
     if publisher_bounds:
         sources = with_publisher_bounds(sources, publisher_bounds)
+    launch = launch_for(upstream)
     return build_server_info(
         upstream,
         {},
-        incarnation=launch_incarnation(),
+        incarnation=launch.incarnation,
         launch_command=upstream.get("launch_command"),
         kv_events=upstream.get("kv_events"),
         kv_event_sources=sources,
-        legacy_dp_size=legacy_dp_size(upstream),
+        legacy_dp_size=launch.legacy_dp_size,
     )
 
 

@@ -46,15 +46,6 @@ def dcp_size() -> int:
     return int(getattr(get_parallel(), "dcp_size", None) or 1)
 
 
-def sidecar_config() -> tuple[str | None, list[str]]:
-    """``(--sidecar module or None, --sidecar-args list)`` from SGLang's serving config."""
-    cfg = serving()
-    module = getattr(cfg, "sidecar", None)
-    return (module.strip() if module else None), sidecar_args_list(
-        getattr(cfg, "sidecar_args", None)
-    )
-
-
 def sidecar_args_list(raw: Any) -> list[str]:
     """``--sidecar-args`` as a list: SGLang holds it as a JSON string or a list."""
     if isinstance(raw, str):

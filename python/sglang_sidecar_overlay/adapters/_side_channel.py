@@ -2,8 +2,9 @@
 
 The DP controller of 0.5.19–0.5.21 runs no plugins and rebuilds its ready message from
 scratch, dropping ``kv_event_sources``. So the engine process opens a private directory
-before its schedulers spawn, exports it in ``SOURCES_DIR_ENV``, and every scheduler of the
-launch drops its ready-time sources there (atomic rename); the engine reads them once all
+before its schedulers spawn, hands it to them with their hook groups
+(``_hooks.exported_to_children``), and every scheduler of the launch drops its
+ready-time sources there (atomic rename); the engine reads them once all
 schedulers are ready and removes the directory.
 """
 
@@ -16,13 +17,13 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-SOURCES_DIR_ENV = "SGLANG_SIDECAR_OVERLAY_KV_SOURCES_DIR"
+from sglang_sidecar_overlay.adapters._hooks import from_parent_launch
 
 
 def write_side_channel(sources: list[dict[str, Any]]) -> None:
     """Drop this scheduler's sources where its engine process will look (atomic rename)."""
-    directory = os.environ.get(SOURCES_DIR_ENV)
-    if not directory or not os.path.isdir(directory):
+    directory = (from_parent_launch() or {}).get("sources_dir")
+    if not isinstance(directory, str) or not os.path.isdir(directory):
         return
     target = Path(directory) / f"{os.getpid()}.json"
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-")
@@ -40,15 +41,6 @@ class SideChannel:
 
     def __init__(self) -> None:
         self.path = tempfile.mkdtemp(prefix=f"sglang-overlay-kvsrc-{os.getpid()}-")
-        self._previous = os.environ.get(SOURCES_DIR_ENV)
-        os.environ[SOURCES_DIR_ENV] = self.path
-
-    def unexport(self) -> None:
-        """Children are spawned: keep the variable out of anything started later."""
-        if self._previous is None:
-            os.environ.pop(SOURCES_DIR_ENV, None)
-        else:
-            os.environ[SOURCES_DIR_ENV] = self._previous
 
     def read(self) -> list[dict[str, Any]]:
         sources: list[dict[str, Any]] = []

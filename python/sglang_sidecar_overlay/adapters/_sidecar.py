@@ -37,6 +37,12 @@ from typing import TYPE_CHECKING, Any
 
 from sglang_sidecar_overlay.adapters import _sglang
 from sglang_sidecar_overlay.adapters._hooks import Hook
+from sglang_sidecar_overlay.adapters._node_launch import (
+    PROCESS,
+    NodeLaunch,
+    RunningSidecars,
+    current_launch,
+)
 from sglang_sidecar_overlay.sidecar.supervisor import (
     SidecarOptions,
     SidecarSupervisor,
@@ -58,58 +64,24 @@ def quit_server(description: str) -> None:
     os.kill(os.getpid(), signal.SIGQUIT)
 
 
-class RunningSidecars:
-    """The sidecars started in this process and not stopped yet: what SIGTERM has to stop.
-
-    One instance per engine process, :data:`RUNNING`, owned by this module. It is
-    process-wide because its three users are module functions SGLang calls with no state of
-    ours: the ``start_sidecar`` AROUND hook (leader), ``attach_follower_sidecar`` (called from
-    the follower branch of the engine's launch) and the SIGTERM AFTER hook that stops them.
-    A :class:`NodeSidecar` adds itself once started and removes itself once stopped.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._sidecars: set[NodeSidecar] = set()
-
-    def add(self, sidecar: NodeSidecar) -> None:
-        with self._lock:
-            self._sidecars.add(sidecar)
-
-    def discard(self, sidecar: NodeSidecar) -> None:
-        with self._lock:
-            self._sidecars.discard(sidecar)
-
-    def __contains__(self, sidecar: object) -> bool:
-        with self._lock:
-            return sidecar in self._sidecars
-
-    def snapshot(self) -> list[NodeSidecar]:
-        """The running sidecars now (a copy: stopping one changes the set)."""
-        with self._lock:
-            return list(self._sidecars)
-
-
-RUNNING = RunningSidecars()
-
-
 class NodeSidecar:
     """One supervised sidecar of this node, with the ``stop()`` upstream's lifespan calls.
 
-    ``running`` is the registry the sidecar joins while it runs (this process's
-    :data:`RUNNING` unless a caller owns its own).
+    ``running`` is the registry the sidecar joins while it runs: its launch's
+    (``NodeLaunch.sidecars``), which SIGTERM stops.
     """
 
-    def __init__(
-        self, supervisor: SidecarSupervisor, role: str, running: RunningSidecars | None = None
-    ) -> None:
+    def __init__(self, supervisor: SidecarSupervisor, role: str, running: RunningSidecars) -> None:
         self.supervisor = supervisor
         self.role = role
-        self.running = RUNNING if running is None else running
+        self.running = running
         self.started_at: float | None = None
         self.stopped_at: float | None = None
         # A second stop() (the lifespan's, after SIGTERM began one) waits for the first.
         self._stop_lock = threading.Lock()
+
+    def __str__(self) -> str:
+        return f"{self.role} sidecar {self.supervisor.module}"
 
     @property
     def pid(self) -> int | None:
@@ -158,25 +130,24 @@ class NodeSidecar:
         return thread
 
 
-def _node_sidecar(module: str, args: list[str], host: str, port: int, role: str) -> NodeSidecar:
-    options, provider_args = SidecarOptions.from_args(args)
+def _node_sidecar(launch: NodeLaunch, host: str, port: int, role: str) -> NodeSidecar:
+    """The launch's ``--sidecar`` against ``host:port``, with the options parsed at launch."""
+    if launch.sidecar is None:
+        raise ValueError(f"no --sidecar in this launch to start on the {role}")
     supervisor = SidecarSupervisor(
-        module,
+        launch.sidecar,
         build_sidecar_endpoint(host, port),
-        provider_args,
-        options,
+        launch.provider_args,
+        launch.sidecar_options or SidecarOptions(),
         on_fatal=quit_server,
     )
-    return NodeSidecar(supervisor, role)
+    return NodeSidecar(supervisor, role, launch.sidecars)
 
 
-def start_leader_sidecar() -> NodeSidecar:
+def start_leader_sidecar(launch: NodeLaunch) -> NodeSidecar:
     """The leader's sidecar against ``--host``/``--grpc-port`` (the listener is bound)."""
-    module, args = _sglang.sidecar_config()
-    if module is None:
-        raise ValueError("start_sidecar called without --sidecar")
     cfg = _sglang.serving()
-    sidecar = _node_sidecar(module, args, str(cfg.host or ""), int(cfg.grpc_port), "leader")
+    sidecar = _node_sidecar(launch, str(cfg.host or ""), int(cfg.grpc_port), "leader")
     sidecar.start()
     return sidecar
 
@@ -184,36 +155,34 @@ def start_leader_sidecar() -> NodeSidecar:
 def around_start_sidecar(original: Any, *args: Any, **kwargs: Any) -> Any:
     if _sglang.rust_server_enabled():
         return original(*args, **kwargs)
-    return start_leader_sidecar()
+    # The launch hook began this node's launch before SGLang's lifespan could get here.
+    return start_leader_sidecar(current_launch())
 
 
 def after_sigterm_handler(result: Any, *args: Any, **kwargs: Any) -> Any:
     """SGLang has begun its SIGTERM shutdown: stop this node's sidecars first, gracefully."""
-    for sidecar in RUNNING.snapshot():
-        logger.info(
-            "SIGTERM: stopping %s sidecar %s before SGLang's shutdown kills the process tree",
-            sidecar.role,
-            sidecar.supervisor.module,
-        )
+    running = PROCESS.launch.sidecars.snapshot() if PROCESS.launch is not None else []
+    for sidecar in running:
+        logger.info("SIGTERM: stopping %s before SGLang's shutdown kills the process tree", sidecar)
         sidecar.stop_in_background()
     return result
 
 
 def attach_follower_sidecar(
-    server: FollowerMetadataServer, sources: list[dict[str, Any]]
+    server: FollowerMetadataServer, sources: list[dict[str, Any]], launch: NodeLaunch
 ) -> NodeSidecar | None:
     """Start the opt-in follower sidecar against ``server`` and stop it before ``server``.
 
     ``server`` is a SERVING
     :class:`~sglang_sidecar_overlay.server.follower.FollowerMetadataServer`;
-    ``sources`` is the node's ``kv_event_sources``. Returns None when no sidecar belongs here.
-    If the sidecar cannot start, the server is stopped and the error raised (the caller
-    reaps the node's schedulers, as for a bind failure).
+    ``sources`` is the node's ``kv_event_sources``; ``launch`` the node's launch, with the
+    ``--sidecar`` and its options. Returns None when no sidecar belongs here. If the sidecar
+    cannot start, the server is stopped and the error raised (the caller reaps the node's
+    schedulers, as for a bind failure).
     """
-    module, args = _sglang.sidecar_config()
-    if module is None:
+    module, options = launch.sidecar, launch.sidecar_options
+    if module is None or options is None:
         return None
-    options, _ = SidecarOptions.from_args(args)
     if not options.on_followers:
         logger.info(
             "follower node: --sidecar %s runs on the leader only (add --sidecar-on-followers "
@@ -229,7 +198,7 @@ def attach_follower_sidecar(
         )
         return None
     try:
-        sidecar = _node_sidecar(module, args, server.host, server.port, "follower")
+        sidecar = _node_sidecar(launch, server.host, server.port, "follower")
         sidecar.start()
     except BaseException:
         server.stop()

@@ -12,8 +12,9 @@ rest when a launch starts; schedulers register what their launch exported):
 - scheduler processes of a prefill node: the prefill sender registers and checks the
   bootstrap DP rank, the replica's under ordinary DP (``_disagg_dp_rank``, shared with
   0.5.22–0.5.23);
-- engine process: ``Engine._launch_scheduler_processes`` begins the launch's incarnation,
-  installs the launch's hooks, opens the side channel before the schedulers spawn and wraps
+- engine process: ``Engine._launch_scheduler_processes`` (``_launch.launch_hook``: the node's
+  launch begun, its plan's hooks installed, the side channel opened before the schedulers
+  spawn); then this adapter wraps
   ``wait_for_ready`` (aggregate with the core; on a follower, start the native metadata
   server, reaping the schedulers if it cannot bind) and
   ``block_until_scheduler_exits`` (stop it, and fail the node when a scheduler crashed:
@@ -31,9 +32,12 @@ imported, before any hook could run; the app serves only after the launch).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from sglang_sidecar_overlay.adapters import _disagg_dp_rank, _hooks, _launch, _sglang, _side_channel
+from sglang_sidecar_overlay.adapters import _disagg_dp_rank, _hooks, _launch, _plan, _sglang
+from sglang_sidecar_overlay.adapters._node_launch import NodeLaunch
+from sglang_sidecar_overlay.adapters._side_channel import SideChannel, write_side_channel
 
 PUBLISHER_SETUP = "sglang.srt.disaggregation.kv_events.ZmqEventPublisher._socket_setup"
 GET_INIT_INFO = "sglang.srt.managers.scheduler.Scheduler.get_init_info"
@@ -41,7 +45,7 @@ ENGINE_SHUTDOWN = "sglang.srt.entrypoints.engine.Engine.shutdown"
 LEADER_SERVER_INFO = "sglang.srt.entrypoints.grpc_bridge.RuntimeHandle.get_server_info"
 
 FOLLOWER_ATTR = "grpc_server"
-LEADER_JSON_ATTR = "_sidecar_overlay_server_info_json"
+LEADER_JSON_ATTR = _launch.LEADER_JSON_ATTR
 
 
 # The shared adapter modules (publisher read-back, the builder's inputs, the follower server)
@@ -66,64 +70,26 @@ def after_get_init_info(
         getattr(scheduler, "kv_events_publisher", None), _publisher.scheduler_block_size(scheduler)
     )
     result["kv_event_sources"] = sources
-    _side_channel.write_side_channel(sources)
+    write_side_channel(sources)
     return result
 
 
-def launch_groups() -> list[str]:
-    """The launch-time hook groups this node's role needs (read from the published config)."""
-    native_grpc = _sglang.native_grpc_enabled()
-    if _sglang.node_rank() >= 1:
-        return ["follower"] if native_grpc else []
-    module, _ = _sglang.sidecar_config()
-    return (["leader_grpc"] if native_grpc else []) + (["leader_sidecar"] if module else [])
+def after_spawn(launch: NodeLaunch, server_args: Any, channel: SideChannel | None) -> None:
+    """With native gRPC (a side channel open): the ready wait collects the node's sources
+    and, on a follower, starts its metadata server; the wait on the schedulers fails on a
+    crash and stops that server."""
+    if channel is None:
+        return
+    init_result = launch.init_result
+    init_result.wait_for_ready = _ready_with_sources(launch, server_args, channel)
+    init_result.block_until_scheduler_exits = _block_then_stop(launch)
 
 
-def _launch_hooks(names: list[str]) -> dict[str, tuple[_hooks.Hook, ...]]:
-    groups: dict[str, tuple[_hooks.Hook, ...]] = {
-        "leader_grpc": (_hooks.Hook(LEADER_SERVER_INFO, leader_server_info, "REPLACE"),),
-        "follower": (_hooks.Hook(ENGINE_SHUTDOWN, before_engine_shutdown, "BEFORE"),),
-    }
-    return _launch.with_leader_sidecar(groups, names)
-
-
-def install_launch_hooks(names: list[str] | None = None) -> list[str]:
-    """Install the hooks this node's launch needs (``names``: :func:`launch_groups`) and
-    rebind the HTTP ``/server_info`` route if ``http_server`` is loaded.
-
-    Idempotent per process; returns the hook groups it added.
-    """
-    from sglang_sidecar_overlay.adapters import _http_route, _server_info
-
-    _http_route.rebind_loaded_server_info_route(_server_info.rebuild_server_info)
-    names = launch_groups() if names is None else names
-    return _hooks.installed.install(_launch_hooks(names), names)
-
-
-def _child_groups(server_args: Any) -> list[str]:
-    groups = ["sources"] if _sglang.native_grpc_enabled() else []
-    return groups + (["prefill_sender"] if _disagg_dp_rank.prefill_node(server_args) else [])
-
-
-def around_launch_schedulers(
-    original: Any, cls: Any, server_args: Any, *args: Any, **kwargs: Any
-) -> Any:
-    _launch.begin_node_launch(server_args)
-    install_launch_hooks()
-    if not _sglang.native_grpc_enabled():
-        with _hooks.exported_child_groups(_child_groups(server_args)):
-            return original(cls, server_args, *args, **kwargs)
-    channel = _side_channel.SideChannel()
-    try:
-        with _hooks.exported_child_groups(_child_groups(server_args)):
-            init_result, procs = original(cls, server_args, *args, **kwargs)
-    except BaseException:
-        channel.unexport()
-        channel.remove()
-        raise
-    channel.unexport()
+def _ready_with_sources(
+    launch: NodeLaunch, server_args: Any, channel: SideChannel
+) -> Callable[[], None]:
+    init_result = launch.init_result
     wait_for_ready = init_result.wait_for_ready
-    block_until_exit = init_result.block_until_scheduler_exits
 
     def wait_for_ready_with_sources() -> None:
         from sglang_sidecar_overlay.adapters import _server_info
@@ -137,34 +103,38 @@ def around_launch_schedulers(
         if infos:
             # Where 0.5.22+ puts them: the builder reads the node's sources from here.
             infos[0]["kv_event_sources"] = sources
-        if _sglang.node_rank() >= 1:
-            _start_follower(init_result, server_args, procs)
+        if launch.follower:
+            _start_follower(launch, server_args)
         elif infos:
             # Conflicting sources fail the launch here, not a consumer's first call.
-            _server_info.node_server_info(server_args, infos[0])
+            _server_info.check_node_sources(server_args, infos[0])
+
+    return wait_for_ready_with_sources
+
+
+def _block_then_stop(launch: NodeLaunch) -> Callable[[], None]:
+    block_until_exit = launch.init_result.block_until_scheduler_exits
 
     def block_then_stop() -> None:
         from sglang_sidecar_overlay.adapters import _follower
 
         try:
-            _follower.failing_on_scheduler_crash(block_until_exit, procs)()
+            _follower.failing_on_scheduler_crash(block_until_exit, launch.procs)()
         finally:
-            stop_follower(init_result)
+            stop_follower(launch.init_result)
 
-    init_result.wait_for_ready = wait_for_ready_with_sources
-    init_result.block_until_scheduler_exits = block_then_stop
-    return init_result, procs
+    return block_then_stop
 
 
-def _start_follower(init_result: Any, server_args: Any, procs: Any) -> None:
+def _start_follower(launch: NodeLaunch, server_args: Any) -> None:
     from sglang_sidecar_overlay.adapters import _follower
 
-    pids = list(init_result.all_child_pids) or [p.pid for p in procs or []]
+    init_result = launch.init_result
     try:
-        server = _follower.start_node_follower(server_args, init_result.scheduler_infos[0], pids)
+        server = _follower.start_node_follower(server_args, init_result.scheduler_infos[0], launch)
     except BaseException:
         # The node cannot serve its metadata: do not leave its schedulers behind.
-        _sglang.reap(procs)
+        _sglang.reap(launch.procs)
         raise
     setattr(init_result, FOLLOWER_ATTR, server)
 
@@ -182,20 +152,23 @@ def before_engine_shutdown(engine: Any, *args: Any, **kwargs: Any) -> None:
 
 
 def leader_server_info(handle: Any) -> str:
-    """The leader's ``json_info``: built on the first call, then served as cached text (server
-    args and ready info do not change during a launch)."""
-    cached = getattr(handle, LEADER_JSON_ATTR, None)
-    if cached is None:
+    """The leader's ``json_info``: the core builder's, built once per launch."""
+
+    def build() -> str:
         from sglang_sidecar_overlay.adapters import _server_info
         from sglang_sidecar_overlay.contract.server_info import render_server_info
 
-        info = _server_info.node_server_info(
-            handle.tokenizer_manager.server_args, handle.scheduler_info
-        )
-        cached = render_server_info(info)
-        setattr(handle, LEADER_JSON_ATTR, cached)
-        _server_info.log_leader_reply_built(cached)
-    return cached
+        server_args = handle.tokenizer_manager.server_args
+        return render_server_info(_server_info.node_server_info(server_args, handle.scheduler_info))
+
+    return _launch.cached_leader_reply(handle, build)
+
+
+def server_info_body(upstream: Mapping[str, Any]) -> dict[str, Any]:
+    """The rebound ``/server_info``'s transform: upstream's body through the core builder."""
+    from sglang_sidecar_overlay.adapters import _server_info
+
+    return _server_info.rebuild_server_info(upstream)
 
 
 CHILD_HOOKS = {
@@ -206,6 +179,20 @@ CHILD_HOOKS = {
     "prefill_sender": _disagg_dp_rank.HOOKS,
 }
 
-
+ADAPTER = _launch.Adapter(
+    generation=_plan.GENERATION_0_5_19,
+    launch_hooks={
+        "leader_grpc": (_hooks.Hook(LEADER_SERVER_INFO, leader_server_info, "REPLACE"),),
+        "follower": (_hooks.Hook(ENGINE_SHUTDOWN, before_engine_shutdown, "BEFORE"),),
+    },
+    child_hooks=CHILD_HOOKS,
+    server_info_body=server_info_body,
+    after_spawn=after_spawn,
+)
 # load_plugins(): the launch hook in the engine process, else the child groups.
-register = _launch.process_registration(around_launch_schedulers, CHILD_HOOKS)
+register = _launch.process_registration(ADAPTER)
+
+
+def install_launch_hooks(names: list[str]) -> list[str]:
+    """The named launch groups installed without a launch (in-process tests, benchmarks)."""
+    return _launch.install_launch_hooks(ADAPTER, names)

@@ -4,8 +4,8 @@ A consumer that sees a new ``incarnation.id`` knows the node was relaunched (its
 restarted their sequence numbers and lost their replay buffers), not that a network blip
 dropped some messages. The id is 128 random bits, chosen once per launch of the node's engine;
 ``started_at`` is the launch's start time (Unix seconds). Pure data, no SGLang import: the
-adapters call ``begin_launch`` when the engine starts launching its schedulers and pass
-``launch_incarnation()`` to the builder, so the builder itself stays deterministic.
+adapters make one (``Incarnation.new``) when a node's launch begins (``NodeLaunch``) and pass
+it to the builder, so the builder itself stays deterministic.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import re
 import secrets
-import threading
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -21,9 +20,7 @@ from typing import Any
 __all__ = [
     "CONTRACT_VERSION",
     "Incarnation",
-    "begin_launch",
     "check_incarnation",
-    "launch_incarnation",
 ]
 
 # Bumped when the server-info contract changes shape. 1 is the contract before this field
@@ -70,27 +67,3 @@ def check_incarnation(value: Any) -> None:
     extra = sorted(set(value) - {"id", "started_at"})
     if extra:
         raise ValueError(f"incarnation has unknown keys {extra}")
-
-
-_lock = threading.Lock()
-_current: list[Incarnation] = []
-
-
-def begin_launch(started_at: float | None = None) -> Incarnation:
-    """Start a new incarnation for this process's launch of the node and return it.
-
-    Called once per engine launch (leader and follower alike) before its schedulers start;
-    a second launch in the same process gets a new one.
-    """
-    incarnation = Incarnation.new(started_at)
-    with _lock:
-        _current[:] = [incarnation]
-    return incarnation
-
-
-def launch_incarnation() -> Incarnation:
-    """The incarnation of the current launch; begun now if no launch announced itself."""
-    with _lock:
-        if not _current:
-            _current.append(Incarnation.new())
-        return _current[0]

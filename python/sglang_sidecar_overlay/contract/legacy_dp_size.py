@@ -28,6 +28,7 @@ __all__ = [
     "DP_SIZE_CHECKING_SIDECARS",
     "LEGACY_DP_SIZE_ENV",
     "consumer_version",
+    "legacy_dp_size_decision",
     "legacy_dp_size_enabled",
 ]
 
@@ -71,3 +72,26 @@ def consumer_version(sidecar: str | None) -> tuple[str, str | None] | None:
         return distribution, importlib.metadata.version(distribution)
     except importlib.metadata.PackageNotFoundError:
         return distribution, None
+
+
+def legacy_dp_size_decision(
+    enabled: bool, sidecar: str | None, environ: Mapping[str, str] | None = None
+) -> str:
+    """One line for the launch's log: the switch's state, what it was based on (with the
+    consumer's installed version) and the shape it serves."""
+    env = os.environ if environ is None else environ
+    if LEGACY_DP_SIZE_ENV in env:
+        basis = f"{LEGACY_DP_SIZE_ENV}={env[LEGACY_DP_SIZE_ENV]!r} set by the operator"
+    else:
+        basis = f"{LEGACY_DP_SIZE_ENV} not set: on for --sidecar {sidecar}"
+    consumer = consumer_version(sidecar)
+    if consumer is not None:
+        distribution, version = consumer
+        basis += f" ({distribution} {version or 'not installed here'})"
+    if not enabled:
+        return f"{basis}: dp_size and attn_dp_size reported as SGLang resolved them"
+    return (
+        f"{basis}: dp_size reports the KV-publisher ranks and attn_dp_size 1, the shape "
+        "Dynamo <= 1.6.1 (dp_rank < dp_size) and >= 1.7 (dp_rank < dp_size * attn_dp_size) "
+        "both register exactly (set it to 0 to report SGLang's own widths)"
+    )

@@ -36,6 +36,7 @@ __all__ = [
     "DP_SIZE_CHECKING_SIDECARS",
     "LEGACY_DP_SIZE_ENV",
     "build_server_info",
+    "checked_sources",
     "legacy_dp_size_enabled",
     "rank_space",
     "render_server_info",
@@ -118,8 +119,7 @@ def build_server_info(
     else:
         check_incarnation(incarnation)
         launch = dict(incarnation)
-    sources = aggregate_sources(kv_event_sources)
-    space = rank_space(server_args, (source["dp_rank"] for source in sources))
+    sources, space = checked_sources(server_args, kv_event_sources)
 
     info: dict[str, Any] = dict(server_args)
     if launch_command is not None or "launch_command" not in info:
@@ -138,6 +138,18 @@ def build_server_info(
             info["attn_dp_size"] = 1
     built: dict[str, Any] = redact(to_jsonable(info))
     return built
+
+
+def checked_sources(
+    server_args: Mapping[str, Any], kv_event_sources: Iterable[Mapping[str, Any]]
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """A node's sources aggregated and its publisher-rank space: what the builder checks.
+
+    Raises ``SourceConflictError`` for conflicting sources and ``ValueError`` for a source
+    rank outside the publisher-rank space.
+    """
+    sources = aggregate_sources(kv_event_sources)
+    return sources, rank_space(server_args, (source["dp_rank"] for source in sources))
 
 
 def to_jsonable(value: Any) -> Any:

@@ -70,8 +70,11 @@ class TestLeaderGrpcServerInfo(CustomTestCase):
             self.assertTrue(all(isinstance(source[bound], int) for bound in BOUNDS), source)
 
     def test_legacy_dp_size_switch_reaches_grpc(self):
+        # The switch is read once, when a launch begins; the next tests get one without it.
         with mock.patch.dict(os.environ, {server_info.LEGACY_DP_SIZE_ENV: "1"}):
-            info = json.loads(self._handle(SOURCES).get_server_info())
+            in_process.begin_launch(self.server_args)
+        self.addCleanup(in_process.begin_launch, self.server_args)
+        info = json.loads(self._handle(SOURCES).get_server_info())
         # --dp 2 --enable-dp-attention: two publisher ranks (0.5.22+ report dp_size=1 without).
         self.assertEqual(info["dp_size"], 2)
 

@@ -27,7 +27,6 @@ import os
 import signal
 import tempfile
 import time
-import types
 import unittest
 from collections.abc import Iterator
 from pathlib import Path
@@ -83,16 +82,7 @@ class TestLeaderRustServerPassThrough(CustomTestCase):
         cls.server_args = in_process.leader_with_launch_hooks(["leader_grpc", "leader_sidecar"])
 
     def _handle(self):
-        from sglang.srt.entrypoints.grpc_bridge import RuntimeHandle
-
-        handle = RuntimeHandle.__new__(RuntimeHandle)
-        tokens = types.SimpleNamespace(image_token="<image>", video_token=None, audio_token=None)
-        handle.tokenizer_manager = types.SimpleNamespace(
-            server_args=self.server_args, mm_processor=types.SimpleNamespace(mm_tokens=tokens)
-        )
-        handle.server_args = self.server_args
-        handle.scheduler_info = {"status": "ready", "kv_event_sources": list(SOURCES)}
-        return handle
+        return in_process.leader_runtime_handle(self.server_args, SOURCES)
 
     def _upstream_reply(self) -> dict:
         from sglang.srt.entrypoints.grpc_bridge import RuntimeHandle
@@ -139,6 +129,7 @@ class TestLeaderRustServerPassThrough(CustomTestCase):
         self.addCleanup(signal.signal, signal.SIGQUIT, previous)
         self.addCleanup(lambda: self.assertEqual(quits, [], "a sidecar SIGQUIT the server"))
         context = create_context(server_args, role="tokenizer")
+        in_process.begin_launch(server_args)
         module = importlib.import_module("sglang.srt.entrypoints.sidecar")
         with use_context(context), rust_server(rust):
             sidecar = module.start_sidecar()

@@ -15,6 +15,7 @@ from sglang.srt.plugins.hook_registry import HookRegistry
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.test_utils import CustomTestCase
 from sglang_sidecar_overlay import plugin, releases
+from sglang_sidecar_overlay.adapters._node_launch import PROCESS
 
 register_cpu_ci(est_time=1, suite="base-a-test-cpu")
 
@@ -26,8 +27,8 @@ class TestSidecarOverlayPlugin(CustomTestCase):
         super().setUp()
         self._hooks = {target: list(hooks) for target, hooks in HookRegistry._hooks.items()}
         self._patched = set(HookRegistry._patched)
-        self._state = dict(plugin._state)
-        plugin._state.clear()
+        self._state = (PROCESS.loaded, PROCESS.adapter)
+        PROCESS.loaded, PROCESS.adapter = False, None
         # Another test in this process may already have loaded the plugin (SGLang's own
         # entry points do): start from a registry without our hooks, restored afterwards.
         for hooks in HookRegistry._hooks.values():
@@ -38,8 +39,7 @@ class TestSidecarOverlayPlugin(CustomTestCase):
         HookRegistry._hooks.update(self._hooks)
         HookRegistry._patched.clear()
         HookRegistry._patched.update(self._patched)
-        plugin._state.clear()
-        plugin._state.update(self._state)
+        PROCESS.loaded, PROCESS.adapter = self._state
         super().tearDown()
 
     def _our_targets(self) -> dict:
