@@ -128,7 +128,7 @@ test-sglang-pool:
 # Every benchmark row once with tiny durations, nothing written: keeps `make benchmark` from
 # rotting (runs after test-registered, whose cached SGLang envs rows 4 and 5 use).
 benchmark-smoke: install
-	$(PY) scripts/bench --smoke
+	$(PY) scripts/benchmark.py --smoke
 
 # The upstream patch series (patches/): apply it to the released SGLang tree with git am,
 # repack and install the rebuilt wheel into a cached env (scripts/patches.py).
@@ -160,7 +160,7 @@ demo: install
 	$(PYTHON) scripts/sglang_envs.py demo --wheel-dir $(WHEEL_DIR)
 
 benchmark: install
-	$(PY) scripts/bench
+	$(PY) scripts/benchmark.py
 
 # The unit tier and one SGLang session, three times each, started as a background job
 # (SIGINT ignored, no terminal) under a CPU hog on every core: docs/compatibility.md.

@@ -3,20 +3,23 @@
 Prints spawn-to-main latency, crash-detection latency (median and max of N, for an exit code and
 for a signal), and stop time for a cooperative and for a SIGTERM-ignoring sidecar.
 
-    PYTHONPATH=python python scripts/bench_sidecar.py [--runs 20] [--shutdown-timeout 2]
+    PYTHONPATH=python:tests python scripts/bench_sidecar.py [--runs 20] [--shutdown-timeout 2]
 
 ``--impl upstream`` measures SGLang's own launcher instead (``Sidecar`` + ``SubprocessWatchdog``
 from ``sglang.srt.entrypoints.sidecar``, 1 s poll), so it must run under a Python that has SGLang
 installed; the same provider children are used for both. ``--only KIND`` runs one measurement and
 ``--json`` prints the raw seconds, which is how ``scripts/bench`` interleaves the two.
 
-Uses the provider fixtures in ``tests/sidecar_providers``. Times are ``time.monotonic()``, which
-is system-wide on Linux, so the provider's stamps compare directly with the supervisor's.
+Uses the provider fixtures in ``tests/sidecar_providers`` (hence ``tests`` on PYTHONPATH: the
+sidecar children import them, and both supervisors hand them this process's path). Times are
+``time.monotonic()``, which is system-wide on Linux, so the provider's stamps compare directly
+with the supervisor's.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import logging
 import signal
@@ -28,8 +31,6 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 ENDPOINT = "http://127.0.0.1:30001"
 KINDS = ("spawn", "exit3", "segv", "stop-cooperative", "stop-ignore-term")
@@ -192,6 +193,8 @@ def main() -> None:
     parser.add_argument("--json", action="store_true", help="print {kind: [seconds...]}")
     parser.add_argument("--verbose", action="store_true", help="show the supervisor's log")
     args = parser.parse_args()
+    if importlib.util.find_spec("sidecar_providers") is None:
+        sys.exit("tests/sidecar_providers is not importable: PYTHONPATH=python:tests")
     logging.basicConfig(level=logging.INFO if args.verbose else logging.CRITICAL)
     kinds = [args.only] if args.only else list(KINDS)
     results: dict[str, list[float]] = {}

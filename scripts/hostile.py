@@ -2,11 +2,12 @@
 
     python scripts/hostile.py [--only PATTERN ...] [--soak-calls N] [--no-write]
 
-Runs every hostile pattern of ``tests/hostile_patterns.py`` (the same code the test suite
-runs) against ``_native.start_metadata_server`` with its default limits and against upstream's
-``start_metadata_server`` (the ``_grpc`` extension of the sglang 0.5.23 wheel, loaded the way
-``scripts/bench`` loads it), each pattern on a fresh server process, while a well-behaved
-client on an established connection polls GetServerInfo. Then a soak from ``rust/bench-client``.
+Runs every hostile pattern of ``scripts/testkit/hostile_patterns.py`` (the same code the test
+suite runs) against ``_native.start_metadata_server`` with its default limits and against
+upstream's ``start_metadata_server`` (the ``_grpc`` extension of the newest release's sglang
+wheel, loaded the way ``scripts/benchmark.py`` loads it), each pattern on a fresh server
+process, while a well-behaved client on an established connection polls GetServerInfo. Then a
+soak from ``rust/bench-client``.
 Prints the table and writes ``docs/hostile-input.md`` with the command and the machine.
 Not part of the test suite.
 """
@@ -21,13 +22,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
-sys.path.insert(0, str(ROOT / "scripts"))
+from bench.common import machine
+from bench.servers import UPSTREAM_RELEASE, upstream_grpc_extension
+from testkit import hostile_patterns as hp
 
-import hostile_patterns as hp  # noqa: E402
-from bench.common import machine  # noqa: E402
-from bench.servers import UPSTREAM_RELEASE, upstream_grpc_extension  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 SERVERS = ("ours", "upstream")
 SNAPSHOT_BYTES = 4096
@@ -103,7 +102,7 @@ def render(results: dict[str, Any], command: str) -> str:
         "(see [security.md](security.md)); upstream is `start_metadata_server` from the "
         f"sglang {UPSTREAM_RELEASE} wheel's `_grpc` extension. Each pattern runs against "
         f"a fresh server process serving a {SNAPSHOT_BYTES:,}-byte snapshot. The patterns are "
-        "`tests/hostile_patterns.py`, the code `tests/native/test_hostile_input.py` runs "
+        "`scripts/testkit/hostile_patterns.py`, the code `tests/native/test_hostile_input.py` runs "
         "against ours.",
         "",
         "- **status**: what the server did to the hostile client (HTTP/2 frames it sent back, "

@@ -41,6 +41,7 @@ from pathlib import Path
 from envs import (
     DEFAULT_RELEASES,
     PINS,
+    RELEASES,
     ROOT,
     build_env,
     env_path,
@@ -92,11 +93,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-DEMO_RELEASE = "0.5.23"
+DEMO_RELEASE = RELEASES.NEWEST_RELEASE
 
 
 def run_demo(wheel: Path) -> int:
-    """``scripts/demo_routing.py`` in the 0.5.23 env, with a session's environment."""
+    """``scripts/demo_routing.py`` in the newest release's env, with a session's environment."""
     env = build_env(DEMO_RELEASE)
     prepare_session_env(env, wheel)
     environ = Session(DEMO_RELEASE, env, []).environ(None)

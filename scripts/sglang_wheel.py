@@ -1,6 +1,6 @@
 """The released sglang wheel, downloaded once into the shared cache (standard library only).
 
-Used by ``scripts/bench`` (the ``_grpc`` extension out of it) and ``scripts/patches.py``
+Used by ``scripts/benchmark.py`` (the ``_grpc`` extension out of it) and ``scripts/patches.py``
 (the Python tree the upstream patch series applies to). The wheel lands in
 ``$SGLANG_OVERLAY_CACHE/wheels`` (default ``~/.cache/sglang-sidecar-overlay/wheels``) under
 its own file name, fetched with ``pip download --no-deps`` for this interpreter's platform,

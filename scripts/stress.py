@@ -8,7 +8,7 @@ is ``stress-ng --cpu N`` when it is on PATH, else N spinning Python processes; t
 it before the first run and stops it after the last, also when a run fails or the check is
 interrupted. Both stop by themselves after ``--hog-limit`` seconds, so nothing spins forever.
 
-    python scripts/stress.py                       # 3 unit runs, then 3 sessions of 0.5.23
+    python scripts/stress.py                       # 3 unit runs, then 3 sessions of the newest
     python scripts/stress.py --rounds 1 --release 0.5.21 --skip-unit
 
 Needs the project's wheel in dist/ (``make install``); ``make stress`` does both. Each run's
@@ -30,6 +30,8 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+
+from envs import RELEASES
 
 ROOT = Path(__file__).resolve().parent.parent
 SPIN = "import time\nend = time.monotonic() + {limit}\nwhile time.monotonic() < end:\n    pass\n"
@@ -53,7 +55,9 @@ class Outcome:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3, help="runs of each kind")
-    parser.add_argument("--release", default="0.5.23", help="the SGLang release session")
+    parser.add_argument(
+        "--release", default=RELEASES.NEWEST_RELEASE, help="the SGLang release session"
+    )
     parser.add_argument("--cores", type=int, default=os.cpu_count() or 2, help="hog workers")
     parser.add_argument("--hog-limit", type=float, default=4 * 3600.0, help="hog's own stop, s")
     parser.add_argument("--wheel-dir", type=Path, default=ROOT / "dist")

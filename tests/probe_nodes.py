@@ -21,7 +21,7 @@ from sglang_sidecar_overlay.contract.server_info import LEGACY_DP_SIZE_ENV
 from sglang_sidecar_overlay.tools import probe
 from sglang_sidecar_overlay.tools.probe import wire
 from sglang_sidecar_overlay.tools.selftest import StandInPublisher, node_snapshot
-from wire_server import (
+from testkit.wire_server import (
     decode_get_server_info_request,
     decode_health_check_request,
     encode_get_server_info_response,

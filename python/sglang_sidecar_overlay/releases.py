@@ -11,8 +11,6 @@ from __future__ import annotations
 
 from importlib import metadata
 
-SUPPORTED_RANGE = "0.5.19–0.5.23"
-
 # One adapter module per SGLang API generation (see docs/compatibility.md).
 _ADAPTER_BY_VERSION = {
     "0.5.19": "sglang_sidecar_overlay.adapters.v0_5_19",
@@ -23,6 +21,10 @@ _ADAPTER_BY_VERSION = {
 }
 
 SUPPORTED_VERSIONS = tuple(_ADAPTER_BY_VERSION)
+# The newest supported release (the table above is in release order): the one the demo, the
+# stress run, the benchmark's upstream comparison and the patch series use.
+NEWEST_RELEASE = SUPPORTED_VERSIONS[-1]
+SUPPORTED_RANGE = f"{SUPPORTED_VERSIONS[0]}–{NEWEST_RELEASE}"
 # The releases ``make test`` runs the SGLang tier on: the newest of each adapter generation.
 CI_RELEASES = ("0.5.21", "0.5.23")
 

@@ -1,6 +1,6 @@
 """The benchmark command: this project next to upstream SGLang, measured side by side in one run.
 
-    python scripts/bench [--quick] [--rounds 3] [--duration 2] [--no-write]
+    python scripts/benchmark.py [--quick] [--rounds 3] [--duration 2] [--no-write]
 
 Prints one table per measurement and writes ``docs/benchmark-results.md`` (with this machine's
 cores and CPU model, and the command line). Every figure for this project has its baseline
@@ -10,8 +10,9 @@ generated from the figures of the run.
 
 1. GetServerInfo on loopback (1/16/64 concurrent clients, 20 KB and 1 MiB snapshots):
    ``_native.start_metadata_server`` vs upstream's ``start_metadata_server`` (the ``_grpc``
-   extension of the sglang 0.5.23 wheel, loaded on its own) vs a grpcio server returning the
-   same pre-encoded bytes. Load comes from ``rust/bench-client`` (built here with cargo).
+   extension of the newest release's sglang wheel, loaded on its own) vs a grpcio server
+   returning the same pre-encoded bytes. Load comes from ``rust/bench-client`` (built here
+   with cargo).
 2. Idle resident memory and threads of each server process (measured with row 1).
 3. Time from the ``start_metadata_server`` call to the first successful GetServerInfo.
 4. The sidecar supervisor vs SGLang's ``Sidecar``/``SubprocessWatchdog`` (``bench_sidecar.py``),

@@ -1,4 +1,5 @@
-"""``python scripts/bench``: which rows run, with which settings, and where the results go."""
+"""``python scripts/benchmark.py``: which rows run, with which settings, and where the results
+go."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from bench.servers import build_client, upstream_grpc_extension
 
 def build_parser() -> argparse.ArgumentParser:
     description = (bench.__doc__ or "").splitlines()[0]
-    parser = argparse.ArgumentParser(prog="python scripts/bench", description=description)
+    parser = argparse.ArgumentParser(prog="python scripts/benchmark.py", description=description)
     parser.add_argument("--quick", action="store_true", help="short runs")
     parser.add_argument(
         "--smoke",
@@ -147,7 +148,7 @@ def failed_rows(results: dict[str, Any]) -> list[str]:
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     args = settings(argv)
-    command = "python scripts/bench " + " ".join(shlex.quote(a) for a in public_argv(argv))
+    command = "python scripts/benchmark.py " + " ".join(shlex.quote(a) for a in public_argv(argv))
     # The package is the installed wheel (make benchmark installs it), never the source tree.
     if _one_row(args):
         return

@@ -16,11 +16,13 @@ from pathlib import Path
 from typing import Any
 
 from cache import cache_root
+from envs import RELEASES
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = ROOT / "scripts"
-# The releases whose cached env a row that needs SGLang uses, first found first.
-SGLANG_RELEASES = ("0.5.23", "0.5.22", "0.5.21")
+# The releases whose cached env a row that needs SGLang uses, first found first: the newest
+# and the two before it.
+SGLANG_RELEASES = tuple(reversed(RELEASES.SUPPORTED_VERSIONS))[:3]
 
 
 def bench_cache() -> Path:

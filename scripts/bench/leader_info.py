@@ -25,14 +25,14 @@ def measure(env: SglangEnv | None, calls: int) -> dict[str, Any]:
     if env is None:
         return {"error": "no Python with SGLang"}
     with installed_package_site() as site:
-        path = os.pathsep.join([str(site), str(SCRIPTS)])
+        # The harness' tiny model and its in-process leader handle come from test-registered/.
+        path = os.pathsep.join([str(site), str(SCRIPTS), str(ROOT / "test-registered")])
         proc = subprocess.run(
-            [env.python, "-m", "bench.leader_reply", "--harness", str(ROOT / "test-registered"),
-             "--calls", str(calls)],
+            [env.python, "-m", "bench.leader_reply", "--calls", str(calls)],
             capture_output=True,
             text=True,
             env={**os.environ, "PYTHONPATH": path, SGLANG_PLUGINS_ENV: PLUGIN_NAME},
-        )  # fmt: skip
+        )
     if proc.returncode != 0:
         return {"error": last_error_line(proc.stderr)}
     return last_json_line(proc.stdout)

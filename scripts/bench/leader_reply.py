@@ -1,13 +1,13 @@
 """Program run in an SGLang 0.5.22+ environment: the leader's GetServerInfo reply per call,
 built by the overlay's hook on every call vs the overlay's cached text.
 
-    python -m bench.leader_reply --harness TEST_REGISTERED_DIR [--calls 200]
+    PYTHONPATH=<package>:scripts:test-registered python -m bench.leader_reply [--calls 200]
 
 Prints one JSON line: ``rebuilt`` and ``cached`` (s per call, five alternating rounds) and
 ``bytes``, or ``error``. SGLang's real ``RuntimeHandle.get_server_info`` runs on a leader's
 launch-time state (server args of the config-only tiny model of ``test-registered``'s
-harness, two KV sources); the handle is made without its ``__init__``, which starts the tokenizer's
-event loop.
+harness, two KV sources), on the handle the harness builds for its in-process tests
+(``overlay_harness.in_process.leader_runtime_handle``).
 """
 
 from __future__ import annotations
@@ -15,20 +15,16 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
-import sys
 import time
-import types
-from pathlib import Path
 from typing import Any
 
 ROUNDS = 5
 
 
-def leader_handle(harness: Path) -> tuple[Any, Any]:
+def leader_handle() -> tuple[Any, Any]:
     """(the adapter module, a ``RuntimeHandle`` on a leader's launch-time state)."""
-    sys.path.insert(0, str(harness))
     from overlay_harness.group import TINY_MODEL
-    from sglang.srt.entrypoints.grpc_bridge import RuntimeHandle
+    from overlay_harness.in_process import leader_runtime_handle
     from sglang.srt.plugins import load_plugins
     from sglang.srt.server_args import prepare_server_args
     from sglang_sidecar_overlay import plugin
@@ -47,15 +43,11 @@ def leader_handle(harness: Path) -> tuple[Any, Any]:
         {"dp_rank": r, "endpoint": f"tcp://127.0.0.1:{45557 + r}", "topic": "", "block_size": 1}
         for r in range(2)
     ]
-    handle = RuntimeHandle.__new__(RuntimeHandle)
-    handle.tokenizer_manager = types.SimpleNamespace(server_args=server_args, mm_processor=None)
-    handle.server_args = server_args
-    handle.scheduler_info = {"status": "ready", "kv_event_sources": sources}
-    return adapter, handle
+    return adapter, leader_runtime_handle(server_args, sources, media_tokens=False)
 
 
-def measure(harness: Path, calls: int) -> dict[str, Any]:
-    adapter, handle = leader_handle(harness)
+def measure(calls: int) -> dict[str, Any]:
+    adapter, handle = leader_handle()
     if not hasattr(adapter, "LEADER_JSON_ATTR"):
         return {"error": f"{adapter.__name__} does not cache the reply"}
     from sglang.srt.entrypoints.grpc_bridge import RuntimeHandle
@@ -83,10 +75,9 @@ def measure(harness: Path, calls: int) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--harness", type=Path, required=True, help="test-registered/")
     parser.add_argument("--calls", type=int, default=200, help="calls per round and path")
     args = parser.parse_args(argv)
-    print(json.dumps(measure(args.harness, args.calls)))
+    print(json.dumps(measure(args.calls)))
 
 
 if __name__ == "__main__":

@@ -4,8 +4,8 @@ Shared by the benchmark rows and the hostile-input runs (``tests/hostile_pattern
 
 - ``ours`` / ``ours-generated``: ``_native.start_metadata_server`` (hand-framed reply, or
   tonic's generated server);
-- ``upstream``: ``start_metadata_server`` of the sglang 0.5.23 wheel's ``_grpc`` extension,
-  loaded on its own (no SGLang import);
+- ``upstream``: ``start_metadata_server`` of the ``_grpc`` extension of the newest release's
+  sglang wheel, loaded on its own (no SGLang import);
 - ``grpcio``: a Python ``grpc.server`` returning the same pre-encoded response.
 
 :func:`server_process` runs one of them in a child (``python -m bench.serve``) so its memory
@@ -27,11 +27,13 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from envs import RELEASES
+from testkit.wire_server import encode_get_server_info_response
+
 from bench.common import ROOT, SCRIPTS, bench_cache, package_pythonpath, proc_status
 
-UPSTREAM_RELEASE = "0.5.23"
+UPSTREAM_RELEASE = RELEASES.NEWEST_RELEASE
 GRPCIO_WORKERS = 64
-TESTS = ROOT / "tests"
 
 Starter = Callable[[str, int], tuple[int, Callable[[], None]]]
 
@@ -44,10 +46,6 @@ def snapshot(size: int) -> str:
 
 def encoded_response(json_info: str) -> bytes:
     """``GetServerInfoResponse{json_info}`` as every server sends it."""
-    if str(TESTS) not in sys.path:
-        sys.path.insert(0, str(TESTS))
-    from wire_server import encode_get_server_info_response
-
     return encode_get_server_info_response(json_info)
 
 

@@ -15,6 +15,7 @@ from typing import Any
 from bench_sidecar import KINDS, LABELS
 
 from bench.common import (
+    ROOT,
     SCRIPTS,
     SglangEnv,
     last_json_line,
@@ -63,7 +64,8 @@ def measure(env: SglangEnv | None, args: argparse.Namespace) -> dict[str, Any]:
                 ],
                 capture_output=True,
                 text=True,
-                env=dict(os.environ, PYTHONPATH=package_pythonpath()),
+                # The provider fixtures the sidecar children run are tests/sidecar_providers.
+                env=dict(os.environ, PYTHONPATH=package_pythonpath(ROOT / "tests")),
             )
             if proc.returncode != 0:
                 results[impl][kind or "all"] = {"error": proc.stderr.strip().splitlines()[-1:]}

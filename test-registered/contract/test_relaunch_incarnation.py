@@ -38,8 +38,12 @@ register_cpu_ci(est_time=150, suite="base-a-test-cpu")
 
 TP2 = ["--tp", "2"]
 CONSUMER_ARGS = ["--sidecar-on-followers", "--grpc-endpoint", "unused"]
-# Upstream's WatchEngineState snapshot layout, checked where it exists (0.5.23).
-WATCH_ENGINE_STATE = (releases.installed_sglang_version() or "").startswith("0.5.23")
+# Upstream's WatchEngineState snapshot layout, checked where it exists (0.5.23 on).
+RELEASE = tuple(
+    int(part)
+    for part in releases.release_of(releases.installed_sglang_version() or "0.0.0").split(".")
+)
+WATCH_ENGINE_STATE = RELEASE >= (0, 5, 23)
 REVISION_DEADLINE = 30.0
 # Logged by a follower given --sidecar without --sidecar-on-followers (the series capitalizes).
 LEADER_ONLY = f"--sidecar {dynamo.DYNAMO} runs on the leader only"

@@ -21,11 +21,10 @@ from typing import Any
 
 import grpc
 import zmq
+from sglang_sidecar_overlay.contract.events import REPLAY_END_SEQ, decode_seq, encode_seq
 from sglang_sidecar_overlay.tools.probe import wire
 
 SERVING, NOT_SERVING = 1, 2
-SEQ_BYTES = 8
-END_SEQ = -1
 
 
 def _raw(channel: grpc.Channel, path: str) -> Any:
@@ -155,6 +154,14 @@ def tcp_connect_error(endpoint: str) -> str | None:
         return f"{type(exc).__name__}: {exc}"
 
 
+def _seq(raw: bytes, endpoint: str) -> int:
+    """The sequence number of a frame; an AssertionError when it is not one."""
+    number = decode_seq(raw)
+    if number is None:
+        raise AssertionError(f"sequence frame {raw!r} from {endpoint} is not 8 bytes")
+    return number
+
+
 def _receive_before(sock: zmq.Socket, deadline: float, failure: Callable[[], str]) -> list:
     """The socket's next multipart message, or ``AssertionError(failure())`` at ``deadline``."""
     while (remaining := deadline - time.monotonic()) > 0:
@@ -181,7 +188,7 @@ def live_batches(endpoint: str, topic: str, count: int, min_seq: int, seconds: f
             )
             if got_topic != topic.encode():
                 raise AssertionError(f"live topic {got_topic!r} on {endpoint}")
-            number = int.from_bytes(seq, "big", signed=True)
+            number = _seq(seq, endpoint)
             if number >= min_seq:
                 seen[number] = payload.hex()
         return sorted([seq, payload] for seq, payload in seen.items())
@@ -201,7 +208,7 @@ def kv_batches(endpoint: str, topic: str, seconds: float) -> Iterator[Any]:
                 got_topic, seq, payload = sub.recv_multipart()
                 if got_topic != topic.encode():
                     raise AssertionError(f"live topic {got_topic!r} on {endpoint}")
-                yield [int.from_bytes(seq, "big", signed=True), payload.hex()]
+                yield [_seq(seq, endpoint), payload.hex()]
 
 
 def replay(endpoint: str, start: int, seconds: float) -> list:
@@ -212,7 +219,7 @@ def replay(endpoint: str, start: int, seconds: float) -> list:
         dealer.setsockopt(zmq.LINGER, 0)
         dealer.connect(endpoint)
         # The ROUTER reads [identity, "", start]; a DEALER adds no delimiter of its own.
-        dealer.send_multipart([b"", start.to_bytes(SEQ_BYTES, "big")])
+        dealer.send_multipart([b"", encode_seq(start)])
         replayed: list = []
         deadline = time.monotonic() + seconds
         while True:
@@ -230,8 +237,8 @@ def replay(endpoint: str, start: int, seconds: float) -> list:
                 topic, (seq, payload) = None, frames[1:]
             else:
                 raise AssertionError(f"replay message of {len(frames)} frames: {frames}")
-            number = int.from_bytes(seq, "big", signed=True)
-            if number == END_SEQ:
+            number = _seq(seq, endpoint)
+            if number == REPLAY_END_SEQ:
                 return replayed
             replayed.append([topic.decode() if topic is not None else None, number, payload.hex()])
 
@@ -265,35 +272,10 @@ WATCH_ENGINE_STATE_PATH = "/sglang.runtime.v1.SglangService/WatchEngineState"
 SNAPSHOT_INSTANCE_ID, SNAPSHOT_REVISION, SNAPSHOT_SERVER_INFO = 1, 2, 6
 
 
-def _varint(data: bytes, at: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        byte = data[at]
-        at += 1
-        value |= (byte & 0x7F) << shift
-        shift += 7
-        if not byte & 0x80:
-            return value, at
-
-
 def protobuf_fields(data: bytes) -> dict[int, Any]:
-    """``{field number: value}`` of a message's varint, fixed and length-delimited fields."""
-    fields: dict[int, Any] = {}
-    at = 0
-    while at < len(data):
-        key, at = _varint(data, at)
-        number, wire_type = key >> 3, key & 7
-        if wire_type == 0:
-            fields[number], at = _varint(data, at)
-        elif wire_type == 2:
-            length, at = _varint(data, at)
-            fields[number], at = data[at : at + length], at + length
-        elif wire_type in (1, 5):
-            width = 8 if wire_type == 1 else 4
-            fields[number], at = data[at : at + width], at + width
-        else:
-            raise ValueError(f"wire type {wire_type} of field {number}")
-    return fields
+    """``{field number: value}`` of a message's varint, fixed and length-delimited fields
+    (the probe's decoder; the last occurrence of a field wins)."""
+    return {number: value for number, _wire_type, value in wire.iter_fields(data)}
 
 
 def engine_state(port: int, host: str) -> dict:

@@ -8,7 +8,6 @@ sequence with ``[topic, seq, payload]`` batches and an end marker of sequence -1
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import queue
 import threading
@@ -21,48 +20,38 @@ import msgspec
 import pytest
 import zmq
 from conftest import has_ipv6_loopback
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
+from sglang_sidecar_overlay.contract.events import (
+    REPLAY_END_SEQ,
+    BlockStored,
+    KVEventBatch,
+    decode_seq,
+    encode_seq,
+)
+from sglang_sidecar_overlay.contract.schema import load_schema
 from sglang_sidecar_overlay.contract.sources import (
+    KvEventSource,
     SourceConflictError,
     aggregate_sources,
     describe_source,
     normalize_endpoint,
 )
 
-END_SEQ = (-1).to_bytes(8, "big", signed=True)
 DEADLINE = 10.0
 POLL_MS = 50
 
 
-# --- SGLang's event wire format (array-like msgpack, as its publisher encodes it) -------------
-
-
-class BlockStored(msgspec.Struct, array_like=True, omit_defaults=True, tag=True):
-    block_hashes: list[int]
-    parent_block_hash: int | None
-    token_ids: list[int]
-    block_size: int
-    lora_id: int | None = None
-
-
-class EventBatch(msgspec.Struct, array_like=True, omit_defaults=True):
-    ts: float
-    events: list[BlockStored]
-    attn_dp_rank: int | None = None
+# --- SGLang's event wire format (contract.events) ---------------------------------------------
 
 
 def encode_batch(dp_rank: int, block_hash: int) -> bytes:
-    event = BlockStored([block_hash], None, list(range(16)), 16)
-    return msgspec.msgpack.encode(EventBatch(time.time(), [event], dp_rank))
+    event = BlockStored([block_hash], None, list(range(16)), 16, None)
+    return msgspec.msgpack.encode(KVEventBatch(time.time(), [event], dp_rank))
 
 
-def decode_batch(payload: bytes) -> EventBatch:
-    return msgspec.msgpack.decode(payload, type=EventBatch)
-
-
-def seq_bytes(seq: int) -> bytes:
-    return seq.to_bytes(8, "big")
+def decode_batch(payload: bytes) -> KVEventBatch:
+    return msgspec.msgpack.decode(payload, type=KVEventBatch)
 
 
 def publish_until_received(pub: zmq.Socket, sub: zmq.Socket, topic: str, dp_rank: int) -> list:
@@ -70,7 +59,7 @@ def publish_until_received(pub: zmq.Socket, sub: zmq.Socket, topic: str, dp_rank
     deadline = time.monotonic() + DEADLINE
     seq = 0
     while time.monotonic() < deadline:
-        pub.send_multipart([topic.encode(), seq_bytes(seq), encode_batch(dp_rank, seq)])
+        pub.send_multipart([topic.encode(), encode_seq(seq), encode_batch(dp_rank, seq)])
         seq += 1
         if sub.poll(POLL_MS):
             return sub.recv_multipart()
@@ -90,9 +79,10 @@ def assert_received_in_wire_format(frames: list, topic: str, dp_rank: int) -> No
     topic_frame, seq_frame, payload = frames
     assert topic_frame == topic.encode()
     assert len(seq_frame) == 8
-    assert int.from_bytes(seq_frame, "big") >= 0
+    seq = decode_seq(seq_frame)
+    assert seq is not None and seq >= 0
     batch = decode_batch(payload)
-    assert batch.attn_dp_rank == dp_rank
+    assert batch.dp_rank == dp_rank
     assert isinstance(batch.events[0], BlockStored)
 
 
@@ -234,11 +224,11 @@ class ReplayResponder:
 
     def _answer(self, router: zmq.Socket, frames: list) -> None:
         identity, _, start = frames
-        first = int.from_bytes(start, "big")
+        first = decode_seq(start)
         for seq, payload in self._buffer:
             if seq >= first:
-                router.send_multipart([identity, b"", self._topic, seq_bytes(seq), payload])
-        router.send_multipart([identity, b"", b"", END_SEQ, b""])
+                router.send_multipart([identity, b"", self._topic, encode_seq(seq), payload])
+        router.send_multipart([identity, b"", b"", encode_seq(REPLAY_END_SEQ), b""])
 
 
 @contextmanager
@@ -258,16 +248,16 @@ def request_replay(context: zmq.Context, endpoint: str, start: int) -> list[tupl
     dealer.setsockopt(zmq.IPV6, 1)
     try:
         dealer.connect(endpoint)
-        dealer.send_multipart([b"", seq_bytes(start)])
+        dealer.send_multipart([b"", encode_seq(start)])
         received = []
         deadline = time.monotonic() + DEADLINE
         while time.monotonic() < deadline:
             if not dealer.poll(POLL_MS):
                 continue
             _, _topic, seq, payload = dealer.recv_multipart()
-            if seq == END_SEQ:
+            if decode_seq(seq) == REPLAY_END_SEQ:
                 return received
-            received.append((int.from_bytes(seq, "big"), payload))
+            received.append((decode_seq(seq), payload))
         raise AssertionError("replay did not end before the deadline")
     finally:
         dealer.close()
@@ -286,7 +276,7 @@ def test_replay_through_advertised_router(zmq_context, zmq_socket, tmp_path, mon
         batches = request_replay(zmq_context, source["replay_endpoint"], start=4)
 
     assert [seq for seq, _ in batches] == list(range(4, 10))
-    assert {decode_batch(payload).attn_dp_rank for _, payload in batches} == {2}
+    assert {decode_batch(payload).dp_rank for _, payload in batches} == {2}
 
 
 def test_unadvertisable_replay_endpoint_is_omitted():
@@ -309,39 +299,6 @@ def test_bad_block_size_is_refused_by_value(block_size):
         describe_source(0, "tcp://*:5557", "", block_size)
 
 
-@pytest.mark.parametrize(
-    ("endpoint", "expected"),
-    [
-        ("tcp://*:5557", "tcp://127.0.0.1:5557"),
-        ("tcp://0.0.0.0:5557", "tcp://127.0.0.1:5557"),
-        ("tcp://[::]:5557", "tcp://[::1]:5557"),
-        ("tcp://:::5557", "tcp://[::1]:5557"),
-        ("tcp://::1:5557", "tcp://[::1]:5557"),
-        ("tcp://10.0.0.7:5557", "tcp://10.0.0.7:5557"),
-        ("tcp://node-3.cluster:5557", "tcp://node-3.cluster:5557"),
-        ("tcp://[fe80::1%eth0]:5557", "tcp://[fe80::1%eth0]:5557"),
-        ("ipc:///run/kv.sock", "ipc:///run/kv.sock"),
-        ("ipc://@kv", "ipc://@kv"),
-        ("tcp://*:0", None),
-        ("tcp://*:65536", None),
-        ("tcp://*:-1", None),
-        ("tcp://*", None),
-        ("tcp://:5557", None),
-        ("tcp://user@host:5557", None),
-        ("tcp://host/path:5557", None),
-        ("tcp://10.0.0.1;10.0.0.2:5557", None),
-        ("tcp://[zz]:5557", None),
-        ("ipc://*", None),
-        ("ipc://", None),
-        ("inproc://kv", None),
-        ("udp://*:5557", None),
-        (None, None),
-    ],
-)
-def test_normalize_endpoint_table(endpoint, expected):
-    assert normalize_endpoint(endpoint) == expected
-
-
 # --- aggregation --------------------------------------------------------------------------------
 
 
@@ -356,6 +313,16 @@ def _source(rank: int, port: int, replay_port: int | None = None) -> dict:
     if replay_port is not None:
         source["replay_endpoint"] = f"tcp://127.0.0.1:{replay_port}"
     return source
+
+
+def test_kv_event_source_type_has_the_schemas_keys():
+    definition = load_schema()["$defs"]["kv_event_source"]
+    assert set(KvEventSource.__annotations__) == set(definition["properties"])
+    assert KvEventSource.__required_keys__ == set(definition["required"])
+    # Every served entry has exactly the type's keys, the optional ones where reported.
+    bounds = {"replay_buffer_steps": 1, "hwm": 0, "max_queue_size": 2}
+    full = describe_source(0, "tcp://*:6000", "", 16, "tcp://*:6001", bounds=bounds)
+    assert full is not None and list(full) == list(KvEventSource.__annotations__)
 
 
 def test_aggregate_sorts_and_drops_exact_duplicates():
@@ -406,65 +373,6 @@ def test_aggregate_refuses_malformed_entries(entry):
 
 
 # --- properties ---------------------------------------------------------------------------------
-
-HOSTS = st.one_of(
-    st.sampled_from(
-        [
-            "*",
-            "0.0.0.0",
-            "::",
-            "[::]",
-            "[0:0:0:0:0:0:0:0]",
-            "[::ffff:0.0.0.0]",
-            "127.0.0.1",
-            "[::1]",
-            "::1",
-            "localhost",
-            "node-7.cluster",
-            "[fe80::1%eth0]",
-            "",
-            "[]",
-        ]
-    ),
-    st.ip_addresses().map(str),
-    st.ip_addresses(v=6).map(lambda address: f"[{address}]"),
-    st.text(max_size=12),
-)
-PORTS = st.one_of(st.integers(-2, 70000).map(str), st.text(max_size=6))
-TCP = st.builds(lambda host, port: f"tcp://{host}:{port}", HOSTS, PORTS)
-IPC = st.builds(
-    lambda path: f"ipc://{path}",
-    st.one_of(st.sampled_from(["@kv", "@", "*", "", "a.sock", "../x/y.sock", "/abs"]), st.text()),
-)
-ENDPOINTS = st.one_of(TCP, IPC, st.text(), st.sampled_from(["inproc://x", "udp://*:1"]))
-
-
-def _is_wildcard_host(host: str) -> bool:
-    if host in ("*", "0.0.0.0"):
-        return True
-    literal = host[1:-1].partition("%")[0] if host.startswith("[") else host
-    try:
-        address = ipaddress.ip_address(literal)
-    except ValueError:
-        return False
-    mapped = getattr(address, "ipv4_mapped", None)
-    return address.is_unspecified or (mapped is not None and mapped.is_unspecified)
-
-
-@settings(max_examples=400)
-@given(ENDPOINTS)
-def test_normalize_is_idempotent_and_never_advertises_a_wildcard(endpoint):
-    normalized = normalize_endpoint(endpoint)
-    if normalized is None:
-        return
-    assert normalize_endpoint(normalized) == normalized
-    if normalized.startswith("tcp://"):
-        host, _, port = normalized[len("tcp://") :].rpartition(":")
-        assert not _is_wildcard_host(host)
-        assert 0 < int(port) < 65536
-    else:
-        path = normalized[len("ipc://") :]
-        assert path.startswith(("/", "@")) and path != "@"
 
 
 @st.composite

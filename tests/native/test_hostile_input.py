@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-import hostile_patterns as hp
 import pytest
 from sglang_sidecar_overlay._native import DEFAULT_LIMITS, MAX_REFLECTION_STREAMS
+from testkit import hostile_patterns as hp
 
 MEMORY_BOUND_MIB = 32
 SOAK_CLIENTS = 64

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, TypedDict
 
 from sglang_sidecar_overlay.contract.endpoints import normalize_endpoint
 from sglang_sidecar_overlay.contract.values import is_int
@@ -21,17 +21,40 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "DEFAULT_ENCODING",
     "SOURCE_BOUNDS",
+    "KvEventSource",
     "SourceConflictError",
     "aggregate_sources",
     "describe_source",
 ]
 
-_SOURCE_KEYS = ("dp_rank", "endpoint", "topic", "block_size")
-# The publisher's effective bounds, each a count of batches (0: the publisher applies none;
-# replay_buffer_steps 0: nothing is kept for replay). Reported only where SGLang's publisher
-# exposes them; never filled in with defaults.
+
+class _KvEventSourceRequired(TypedDict):
+    dp_rank: int
+    endpoint: str
+    topic: str
+    block_size: int
+    encoding: str
+
+
+class KvEventSource(_KvEventSourceRequired, total=False):
+    """One ``kv_event_sources`` entry as served (the schema's ``kv_event_source``)."""
+
+    replay_endpoint: str
+    # The publisher's effective bounds, each a count of batches (0: the publisher applies
+    # none; replay_buffer_steps 0: nothing is kept for replay). Reported only where SGLang's
+    # publisher exposes them; never filled in with defaults.
+    replay_buffer_steps: int
+    hwm: int
+    max_queue_size: int
+
+
+_KEYS = tuple(KvEventSource.__annotations__)
+# What a reported entry must carry: an entry without ``encoding`` gets DEFAULT_ENCODING.
+_SOURCE_KEYS = tuple(
+    key for key in _KEYS if key in KvEventSource.__required_keys__ and key != "encoding"
+)
 SOURCE_BOUNDS = ("replay_buffer_steps", "hwm", "max_queue_size")
-_OPTIONAL_KEYS = ("encoding", "replay_endpoint", *SOURCE_BOUNDS)
+_OPTIONAL_KEYS = tuple(key for key in _KEYS if key not in _SOURCE_KEYS)
 
 # The wire format of the event batches (third frame of a live message): SGLang's
 # ZmqEventPublisher packs every KVEventBatch with msgspec's msgpack encoder. An entry reported

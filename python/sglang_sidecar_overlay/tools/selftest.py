@@ -29,10 +29,16 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from sglang_sidecar_overlay.contract.events import (
+    REPLAY_END_SEQ,
+    BlockStored,
+    KVEventBatch,
+    decode_seq,
+    encode_seq,
+)
 from sglang_sidecar_overlay.contract.incarnation import Incarnation
 from sglang_sidecar_overlay.tools import probe
 from sglang_sidecar_overlay.tools.probe.checks import describe_incarnation
-from sglang_sidecar_overlay.tools.probe.listen import REPLAY_END_SEQ, decode_seq, encode_seq
 
 logger = logging.getLogger(__name__)
 
@@ -109,7 +115,7 @@ class StandInPublisher:
         self.topic = topic
         # A deliberately wrong stamp lets tests exercise the rank check.
         self.stamp_rank = dp_rank if stamp_rank is None else stamp_rank
-        self._queue: queue.Queue[list[Any] | None] = queue.Queue()
+        self._queue: queue.Queue[KVEventBatch | None] = queue.Queue()
         self._buffer: list[tuple[int, bytes]] = []
         self._published = 0
         self._published_lock = threading.Lock()
@@ -140,9 +146,8 @@ class StandInPublisher:
 
     def publish(self, block_hashes: list[int]) -> None:
         """Queue one batch with a single BlockStored event for ``block_hashes``."""
-        # KVEventBatch is array-like [ts, events, rank]; events are tagged arrays.
-        event = ["BlockStored", block_hashes, None, list(range(PAGE_SIZE)), PAGE_SIZE, None]
-        self._queue.put([time.time(), [event], self.stamp_rank])
+        event = BlockStored(block_hashes, None, list(range(PAGE_SIZE)), PAGE_SIZE, None)
+        self._queue.put(KVEventBatch(time.time(), [event], self.stamp_rank))
 
     def close(self) -> None:
         """Stop the thread, then close the sockets it owned."""

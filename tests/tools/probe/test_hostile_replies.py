@@ -1,4 +1,5 @@
-"""``probe`` against hostile servers, and property tests of the endpoint grammar.
+"""``probe`` against hostile servers (the endpoint grammar's property tests are
+``tests/contract/test_endpoints.py``).
 
 Hostile nodes are real grpcio servers (``test_probe.grpc_node`` and the crafted ones below) or
 raw TCP listeners on loopback; the CLI runs as a subprocess, as an operator runs it. Whatever
@@ -10,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import re
 import socket
 import threading
 from collections.abc import Callable, Iterator
@@ -22,122 +22,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from probe_nodes import grpc_node, run_cli
-from sglang_sidecar_overlay.contract.endpoints import endpoint_problems, normalize_endpoint
-from sglang_sidecar_overlay.contract.schema import contract_validator, load_schema
 from sglang_sidecar_overlay.tools import probe
 from sglang_sidecar_overlay.tools.probe import check_server_info, shapes, wire
-from wire_server import encode_get_server_info_response
-
-# --- endpoint grammar ---------------------------------------------------------------------------
-
-ENDPOINT_TEXT = st.one_of(
-    st.text(max_size=40),
-    st.builds(
-        lambda scheme, rest: scheme + rest,
-        st.sampled_from(["tcp://", "ipc://", "inproc://", "TCP://", "tcp:/", ""]),
-        st.text(alphabet="0123456789abcdef:.[]*%@/-_ \x00", max_size=30),
-    ),
-    st.builds(
-        lambda host, port: f"tcp://{host}:{port}",
-        st.sampled_from(["*", "0.0.0.0", "[::]", "::", "[::1]", "h", "[fe80::1%eth0]", "a b"]),
-        st.integers(-5, 70000),
-    ),
-)
-
-
-@settings(max_examples=1000, deadline=None)
-@given(ENDPOINT_TEXT)
-def test_normalize_never_raises_is_idempotent_and_dialable(text: str) -> None:
-    normalized = normalize_endpoint(text)
-    if normalized is None:
-        return
-    assert normalize_endpoint(normalized) == normalized
-    assert endpoint_problems(normalized) == []
-
-
-@settings(max_examples=500, deadline=None)
-@given(st.one_of(ENDPOINT_TEXT, st.integers(), st.none(), st.lists(st.text(), max_size=2)))
-def test_endpoint_problems_never_raises(value: object) -> None:
-    problems = endpoint_problems(value)
-    assert isinstance(problems, list)
-    assert all(isinstance(problem, str) for problem in problems)
-
-
-# The schema's endpoint definition as the probe validates it, and its portable patterns alone.
-ENDPOINT_VALIDATOR = contract_validator(
-    {"$defs": load_schema()["$defs"], "$ref": "#/$defs/endpoint"}
-)
-PORTABLE_PATTERNS = [
-    re.compile(branch["pattern"]) for branch in load_schema()["$defs"]["endpoint"]["anyOf"]
-]
-ADVERTISABLE = st.one_of(
-    st.builds(
-        lambda address, port: f"tcp://[{address}]:{port}",
-        st.ip_addresses(v=6).map(str),
-        st.integers(-1, 70000),
-    ),
-    st.builds(
-        lambda address, port: f"tcp://{address}:{port}",
-        st.ip_addresses(v=4).map(str),
-        st.integers(-1, 70000),
-    ),
-    st.builds(lambda path: "ipc://" + path, st.text(alphabet="/.a@\n\x00 ", max_size=10)),
-    st.builds(
-        lambda host, zone, port: f"tcp://[{host}%{zone}]:{port}",
-        st.sampled_from(["fe80::1", "::", "1:2", "::ffff:0.0.0.0", "::1"]),
-        st.text(alphabet="ab0.-_%", max_size=4),
-        st.integers(0, 70000),
-    ),
-)
-
-
-@settings(max_examples=2000, deadline=None)
-@given(st.one_of(ENDPOINT_TEXT, ADVERTISABLE))
-def test_schema_endpoint_grammar_is_endpoint_problems(text: str) -> None:
-    # One rule: the schema (patterns + format) accepts exactly what endpoint_problems accepts,
-    # and the portable patterns alone never reject a dialable endpoint.
-    dialable = endpoint_problems(text) == []
-    assert ENDPOINT_VALIDATOR.is_valid(text) == dialable
-    if dialable:
-        assert any(pattern.search(text) for pattern in PORTABLE_PATTERNS)
-
-
-@pytest.mark.parametrize(
-    ("endpoint", "dialable"),
-    [
-        ("tcp://127.0.0.1:5557", True),
-        ("tcp://[::1]:5557", True),
-        ("tcp://[fe80::1%eth0]:1", True),
-        ("tcp://[::ffff:10.0.0.1]:65535", True),
-        ("tcp://node-3.cluster:1", True),
-        ("ipc:///tmp/a", True),
-        ("ipc:///", True),
-        ("ipc://@x", True),
-        ("tcp://*:5557", False),
-        ("tcp://0.0.0.0:5557", False),
-        ("tcp://[::]:5557", False),
-        ("tcp://[::0]:5557", False),
-        ("tcp://[::ffff:0.0.0.0]:5557", False),
-        ("tcp://[1:2]:5557", False),
-        ("tcp://[fe80::1%]:5557", False),
-        ("tcp://h:0", False),
-        ("tcp://h:05", False),
-        ("tcp://h:65536", False),
-        ("tcp://h:5\n", False),
-        ("tcp://::1:5557", False),
-        ("tcp://user@h:1", False),
-        ("ipc://rel.sock", False),
-        ("ipc:///a/../b", False),
-        ("ipc:///a/", False),
-        ("ipc://@", False),
-        ("inproc://events", False),
-        ("udp://h:1", False),
-    ],
-)
-def test_schema_and_endpoint_problems_agree_on_a_table(endpoint: str, dialable: bool) -> None:
-    assert (endpoint_problems(endpoint) == []) is dialable
-    assert ENDPOINT_VALIDATOR.is_valid(endpoint) is dialable
-
+from testkit.wire_server import encode_get_server_info_response
 
 # --- checks on arbitrary JSON -------------------------------------------------------------------
 

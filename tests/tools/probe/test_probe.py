@@ -26,13 +26,18 @@ from probe_nodes import (
     publish_history,
     warnings_of,
 )
-from sglang_sidecar_overlay.contract.endpoints import endpoint_problems
+from sglang_sidecar_overlay.contract.events import (
+    REPLAY_END_SEQ,
+    AllBlocksCleared,
+    KVEventBatch,
+    encode_seq,
+)
 from sglang_sidecar_overlay.contract.server_info import render_server_info
 from sglang_sidecar_overlay.tools import probe
 from sglang_sidecar_overlay.tools.probe import wire
 from sglang_sidecar_overlay.tools.probe.listen import Subscriptions, traffic_findings
 from sglang_sidecar_overlay.tools.probe.report import RankTraffic
-from wire_server import (
+from testkit.wire_server import (
     decode_health_check_request,
     encode_get_server_info_response,
     encode_health_check_response,
@@ -84,40 +89,6 @@ def test_parse_target_rejects(text: str) -> None:
     with pytest.raises(probe.ProbeError) as caught:
         probe.parse_target(text)
     assert caught.value.kind == "bad_target"
-
-
-@pytest.mark.parametrize(
-    "endpoint",
-    [
-        "tcp://127.0.0.1:5557",
-        "tcp://[::1]:5557",
-        "tcp://node-3.cluster:1",
-        "ipc:///tmp/a",
-        "ipc://@x",
-    ],
-)
-def test_check_endpoint_accepts(endpoint: str) -> None:
-    assert endpoint_problems(endpoint) == []
-
-
-@pytest.mark.parametrize(
-    ("endpoint", "words"),
-    [
-        ("tcp://*:5557", "wildcard"),
-        ("tcp://0.0.0.0:5557", "wildcard"),
-        ("tcp://[::]:5557", "wildcard"),
-        ("tcp://127.0.0.1:0", "port"),
-        ("tcp://::1:5557", "bracketed"),
-        ("tcp://user@host:1", "no user"),
-        ("ipc://relative.sock", "absolute"),
-        ("inproc://events", "inproc"),
-        ("udp://host:1", "transport"),
-        (None, "non-empty string"),
-    ],
-)
-def test_check_endpoint_rejects(endpoint: object, words: str) -> None:
-    problems = endpoint_problems(endpoint)
-    assert len(problems) == 1 and words in problems[0]
 
 
 # --- contract rules -----------------------------------------------------------------------------
@@ -329,17 +300,15 @@ def test_listen_understands_the_pre_0_5_22_replay_framing() -> None:
     try:
         pub.bind("tcp://127.0.0.1:*")
         router.bind("tcp://127.0.0.1:*")
-        payload = msgspec.msgpack.encode([0.0, [["AllBlocksCleared"]], 0])
+        payload = msgspec.msgpack.encode(KVEventBatch(0.0, [AllBlocksCleared()], 0))
 
         def serve() -> None:
             while not stop.is_set():
                 if router.poll(20):
                     identity, _, _start = router.recv_multipart()
                     for seq in range(3):
-                        router.send_multipart([identity, b"", seq.to_bytes(8, "big"), payload])
-                    router.send_multipart(
-                        [identity, b"", (-1).to_bytes(8, "big", signed=True), b""]
-                    )
+                        router.send_multipart([identity, b"", encode_seq(seq), payload])
+                    router.send_multipart([identity, b"", encode_seq(REPLAY_END_SEQ), b""])
 
         thread = threading.Thread(target=serve, daemon=True)
         thread.start()
@@ -391,14 +360,14 @@ def listen_across_a_gap(missed: int, replay_buffer_steps: int) -> RankTraffic:
             "replay_endpoint": None,
             "replay_buffer_steps": replay_buffer_steps,
         }
-        payload = msgspec.msgpack.encode([0.0, [["AllBlocksCleared"]], 0])
+        payload = msgspec.msgpack.encode(KVEventBatch(0.0, [AllBlocksCleared()], 0))
         subscriptions = Subscriptions([source])
         try:
             (traffic,) = subscriptions.traffic
             seq = 0
             # Numbered batches until the subscription is live (a SUB joins late), then the gap.
             while traffic.batches == 0 and seq < 500:
-                pub.send_multipart([b"", seq.to_bytes(8, "big"), payload])
+                pub.send_multipart([b"", encode_seq(seq), payload])
                 subscriptions.poll(0.02)
                 seq += 1
             assert traffic.batches > 0, "the subscription never received a batch"
@@ -406,7 +375,7 @@ def listen_across_a_gap(missed: int, replay_buffer_steps: int) -> RankTraffic:
             for _ in range(100):
                 if traffic.seq_gaps:
                     break
-                pub.send_multipart([b"", seq.to_bytes(8, "big"), payload])
+                pub.send_multipart([b"", encode_seq(seq), payload])
                 subscriptions.poll(0.05)
             return traffic
         finally:

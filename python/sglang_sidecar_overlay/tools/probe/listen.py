@@ -1,5 +1,8 @@
 """Subscribe to every advertised publisher like a router would, and ask each replay endpoint
 for its history: count batches, events, sequence gaps and rank stamps per rank.
+
+The frames and the batch are read with ``contract.events``, which the selftest's stand-in
+publisher sends with.
 """
 
 from __future__ import annotations
@@ -8,6 +11,14 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import msgspec
+
+from sglang_sidecar_overlay.contract.events import (
+    REPLAY_END_SEQ,
+    EventBatch,
+    decode_seq,
+    encode_seq,
+)
 from sglang_sidecar_overlay.contract.values import is_int
 from sglang_sidecar_overlay.tools.probe.report import (
     INFO,
@@ -18,33 +29,7 @@ from sglang_sidecar_overlay.tools.probe.report import (
     horizon_warning,
 )
 
-__all__ = [
-    "REPLAY_END_SEQ",
-    "SEQ_BYTES",
-    "Subscriptions",
-    "decode_seq",
-    "encode_seq",
-    "listen",
-    "traffic_findings",
-]
-
-# SGLang's event stream: sequence numbers are 8-byte big-endian, and a replay ends with the
-# sequence number -1 (signed). The one place this framing is written (the selftest's stand-in
-# publisher sends what this module reads).
-SEQ_BYTES = 8
-REPLAY_END_SEQ = -1
-
-
-def encode_seq(seq: int) -> bytes:
-    """A sequence-number frame; ``REPLAY_END_SEQ`` encodes as eight 0xff bytes."""
-    return seq.to_bytes(SEQ_BYTES, "big", signed=True)
-
-
-def decode_seq(raw: bytes) -> int | None:
-    """The sequence number of a frame, or None when the frame is not 8 bytes."""
-    if len(raw) != SEQ_BYTES:
-        return None
-    return int.from_bytes(raw, "big", signed=True)
+__all__ = ["Subscriptions", "listen", "traffic_findings"]
 
 
 def _reject(traffic: RankTraffic, reason: str) -> None:
@@ -54,18 +39,15 @@ def _reject(traffic: RankTraffic, reason: str) -> None:
 
 
 def _record_batch(traffic: RankTraffic, seq: int, payload: bytes, *, replay: bool) -> None:
-    import msgspec
-
     try:
-        batch = msgspec.msgpack.decode(payload)
+        batch = msgspec.msgpack.decode(payload, type=EventBatch)
+    except msgspec.ValidationError as exc:
+        _reject(traffic, f"payload is not an event batch [ts, events, rank]: {exc}")
+        return
     except msgspec.DecodeError as exc:
         _reject(traffic, f"payload is not msgpack: {exc}")
         return
-    # EventBatch is array-like: [ts, events, rank?]; the rank is omitted when unset.
-    if not isinstance(batch, list) or len(batch) < 2 or not isinstance(batch[1], list):
-        _reject(traffic, "payload is not an event batch [ts, events, rank]")
-        return
-    events = len(batch[1])
+    events = len(batch.events)
     if replay:
         traffic.replay_batches += 1
         traffic.replay_events += events
@@ -82,11 +64,10 @@ def _record_batch(traffic: RankTraffic, seq: int, payload: bytes, *, replay: boo
         traffic._last_live_seq = seq
     if traffic.highest_seq is None or seq > traffic.highest_seq:
         traffic.highest_seq = seq
-    stamp = batch[2] if len(batch) > 2 else None
-    if stamp is None:
+    if batch.dp_rank is None:
         traffic.unstamped_batches += 1
     else:
-        traffic.stamped_ranks.add(stamp)
+        traffic.stamped_ranks.add(batch.dp_rank)
 
 
 def _on_live(traffic: RankTraffic, frames: list[bytes]) -> None:

@@ -20,28 +20,22 @@ import socket
 import statistics
 import struct
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from sglang_sidecar_overlay.tools.probe.wire import GET_SERVER_INFO_PATH as GET_SERVER_INFO
-
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT / "scripts") not in sys.path:
-    sys.path.insert(0, str(ROOT / "scripts"))
-
 # The server under test, in its own process, is the benchmark's (``python -m bench.serve``).
-from bench.servers import (  # noqa: E402
+from bench.servers import (
     ServerProcess,
     build_client,
     encoded_response,
     server_process,
     snapshot,
 )
+from sglang_sidecar_overlay.tools.probe.wire import GET_SERVER_INFO_PATH as GET_SERVER_INFO
+from sglang_sidecar_overlay.tools.probe.wire import encode_varint as _varint
 
 __all__ = ["ServerProcess", "server_process", "snapshot"]
 
@@ -340,15 +334,6 @@ def oversized_headers(address: str, total: int = MIB) -> Outcome:
         frames = read_frames(sock, time.monotonic() + 15)
     # DATA would be the snapshot: the request went through.
     return Outcome(summarize(frames), {"answered": "DATA" in frames})
-
-
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while value >= 128:
-        out.append(value & 0x7F | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
 
 
 def huge_body(address: str, total: int = 2048 * MIB, message: int = MIB) -> Outcome:
