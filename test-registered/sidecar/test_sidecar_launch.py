@@ -41,7 +41,9 @@ register_cpu_ci(est_time=70, suite="base-a-test-cpu")
 
 PROVIDER = "overlay_harness.providers.kv_probe"
 EVENT_DEADLINE = 120.0
-STOP_DEADLINE = 120.0
+# SIGTERM drains the in-flight requests first: 400 decode steps, ~130 s on a 2-core machine
+# under a full make test plus other work (seen at 120 s), ~15 s idle.
+STOP_DEADLINE = 300.0
 RELEASE = releases.installed_sglang_version() or ""
 # SGLang's SIGTERM path ends by stopping uvicorn (lifespan shutdown included) from 0.5.20 on;
 # 0.5.19 calls sys.exit() from the event loop instead, so its lifespan never shuts down.
