@@ -204,10 +204,12 @@ def _command(hook: Hook, venv: Path, black_config: Path) -> list[str]:
     return [str(venv / "bin" / head), *(arg.format(black_config=black_config) for arg in rest)]
 
 
-def _check(hook: Hook, command: list[str], tree: Path, paths: list[str]) -> list[Finding]:
+def _check(
+    hook: Hook, command: list[str], tree: Path, paths: list[str], env: dict[str, str]
+) -> list[Finding]:
     """A checker's findings: output lines ``path:line: message`` or naming a path."""
     result = subprocess.run(
-        [*command, *paths], cwd=tree, capture_output=True, text=True, check=False
+        [*command, *paths], cwd=tree, env=env, capture_output=True, text=True, check=False
     )
     if result.returncode == 0:
         return []
@@ -251,7 +253,13 @@ def _hunks(before: str, after: str) -> list[tuple[int, int, list[str], list[str]
 
 
 def _fix(
-    hook: Hook, command: list[str], tree: Path, scratch: Path, paths: list[str], memo: Path
+    hook: Hook,
+    command: list[str],
+    tree: Path,
+    scratch: Path,
+    paths: list[str],
+    memo: Path,
+    env: dict[str, str],
 ) -> list[Finding]:
     """A fixer's findings: one per hunk it changes, run on a copy of ``tree``.
 
@@ -267,7 +275,7 @@ def _fix(
         shutil.rmtree(scratch, ignore_errors=True)
         shutil.copytree(tree, scratch, symlinks=True)
         result = subprocess.run(
-            [*command, *todo], cwd=scratch, capture_output=True, text=True, check=False
+            [*command, *todo], cwd=scratch, env=env, capture_output=True, text=True, check=False
         )
         same = [
             path for path in todo if (scratch / path).read_bytes() == (tree / path).read_bytes()
@@ -296,7 +304,7 @@ def _fix(
 def _run_hooks(venv: Path, tree: Path, paths: list[str], work: Path) -> list[Finding]:
     # black's own cache (a file it found formatted, by content hash) spares re-formatting the
     # unchanged upstream files on every run; kept with the venv, not in the user's home.
-    os.environ["BLACK_CACHE_DIR"] = str(venv / "black-cache")
+    env = {**os.environ, "BLACK_CACHE_DIR": str(venv / "black-cache")}
     # Given explicitly, so that no pyproject.toml above the copy or in the user's home counts.
     black_config = work / "black-defaults.toml"
     black_config.write_text("# upstream sets no [tool.black]: black's defaults\n")
@@ -308,9 +316,10 @@ def _run_hooks(venv: Path, tree: Path, paths: list[str], work: Path) -> list[Fin
         command = _command(hook, venv, black_config)
         if hook.fixer:
             scratch = work / f"{tree.name}-{hook.name}"
-            findings += _fix(hook, command, tree, scratch, selected, venv / "fixed" / hook.name)
+            memo = venv / "fixed" / hook.name
+            findings += _fix(hook, command, tree, scratch, selected, memo, env)
         else:
-            findings += _check(hook, command, tree, selected)
+            findings += _check(hook, command, tree, selected, env)
     return findings
 
 

@@ -36,31 +36,15 @@ ENGINE_BOOTSTRAP_RANK = 5
 # turning it on for Dynamo's released sidecar; a group running that sidecar sets it there.
 DYNAMO_SWITCH_DEFAULT = 6
 
-# patches/DIFFERENCES.md #7: on SGLang's SIGQUIT crash path the series' follower does not
-# stop its metadata server and sidecar first; SGLang's handler SIGKILLs the node's tree.
-FOLLOWER_SIGQUIT_STOP = 7
-
 # patches/DIFFERENCES.md #8: the series hands a sidecar its endpoint in SGLANG_GRPC_ENDPOINT
 # only, not also in Dynamo's DYN_SIDECAR_GRPC_ENDPOINT; a group running Dynamo's released
 # sidecar passes --grpc-endpoint there.
 DYNAMO_ENDPOINT_ENV = 8
 
-# patches/DIFFERENCES.md #9: the series reads the dp_size switch as SGLang reads every switch
-# (EnvBool): a bad value is a warning and the default, not a failed launch.
-SWITCH_VALUE_WARNS = 9
-
 # patches/DIFFERENCES.md #10: the series detects conflicting sources where upstream aggregates
 # them, in the follower's DP controller, whose exception takes the node down through SGLang's
 # SIGQUIT path (the node is SIGKILLed, the error is in its log, not a launch error).
 CONFLICT_IN_DP_CONTROLLER = 10
-
-# patches/DIFFERENCES.md #11: a follower whose scheduler dies after its launch exits 0:
-# upstream's blocking follower branch joins its schedulers, logs and returns.
-FOLLOWER_EXITS_0_ON_SCHEDULER_DEATH = 11
-
-# patches/DIFFERENCES.md #12: the series reads --sidecar-args options where upstream does, when
-# the sidecar starts (once the schedulers are up), not when the launch starts.
-SIDECAR_OPTIONS_READ_AT_SIDECAR_START = 12
 
 ALLOWED = frozenset(
     {
@@ -68,12 +52,8 @@ ALLOWED = frozenset(
         PLUGIN_LOG_LINES,
         ENGINE_BOOTSTRAP_RANK,
         DYNAMO_SWITCH_DEFAULT,
-        FOLLOWER_SIGQUIT_STOP,
         DYNAMO_ENDPOINT_ENV,
-        SWITCH_VALUE_WARNS,
         CONFLICT_IN_DP_CONTROLLER,
-        FOLLOWER_EXITS_0_ON_SCHEDULER_DEATH,
-        SIDECAR_OPTIONS_READ_AT_SIDECAR_START,
     }
 )
 
