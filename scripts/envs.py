@@ -10,8 +10,10 @@ An env holds ``sglang==<release>`` installed with ``--no-deps`` over the release
 torch/transformers and the few dozen packages SGLang imports at module level (the GPU
 kernels it also declares are left out: nothing here runs a model). The heavy torch wheels
 are shared through one uv package cache, which uv hard-links into every env, so a second
-release with the same torch pin costs seconds and little disk. An env is reused only when
-its ``.complete`` marker exists; a half-built one is wiped and rebuilt.
+release with the same torch pin costs seconds and little disk. A release with SGLang's
+``mooncake_tcp`` transfer backend also gets Mooncake's CPU build and its system libraries
+(``pd_transfer.py``). An env is reused only when its ``.complete`` marker exists; a half-built
+one is wiped and rebuilt.
 
 The project's wheel, the CPU test platform and the released consumer are (re)installed into
 each env by :func:`prepare_session_env` on every test run, so cached envs never test stale code.
@@ -31,6 +33,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
 
+import pd_transfer
 from cache import cache_root, locked
 from dynamo_env import consumer_venv, install_dynamo
 
@@ -190,6 +193,7 @@ def env_key(release: str, python: str, patched: bool = False) -> str:
         "undeclared": UNDECLARED_DEPS,
         "runtime": RUNTIME_TOOLS,
         "test": TEST_DEPS,
+        "pd_transfer": pd_transfer.RECIPE,
     }
     if patched:
         recipe["sglang"] = "rebuilt wheel, reinstalled when it changes"
@@ -305,6 +309,7 @@ def build_env(release: str, sglang_wheel: Path | None = None) -> Path:
         # otherwise pay for compiling it inside a test's deadline.
         run([python, "-m", "compileall", "-q", "-j", "0", _site_packages(env) / "sglang"])
         check_imports(python)
+        pd_transfer.install(env, uv, uvenv)
         if sglang_wheel is not None:
             (env / ".sglang-wheel").write_text(
                 hashlib.sha256(sglang_wheel.read_bytes()).hexdigest()

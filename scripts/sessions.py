@@ -19,10 +19,11 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+import pd_transfer
 from envs import NEXT_CONSUMERS_ENV, ROOT, log, next_consumer_pythons
 
 # Sessions run side by side pick test ports from disjoint shares of the port range
-# (test-registered/overlay_harness/cluster.py reads it): "<index>/<count>".
+# (test-registered/overlay_harness/ports.py reads it): "<index>/<count>".
 PORT_SHARE_ENV = "SGLANG_OVERLAY_TEST_PORT_SHARE"
 HEARTBEAT_SECONDS = 120.0
 
@@ -68,6 +69,8 @@ class Session:
         # since every release's torch would otherwise share one build directory.
         environ["PATH"] = f"{self.env / 'bin'}{os.pathsep}{environ.get('PATH', '')}"
         environ["TORCH_EXTENSIONS_DIR"] = str(self.env / "torch-extensions")
+        # Mooncake's system libraries, for the nodes of the disaggregation tests.
+        environ.update(pd_transfer.session_environ(self.env))
         if port_share is not None:
             environ[PORT_SHARE_ENV] = port_share
         return environ

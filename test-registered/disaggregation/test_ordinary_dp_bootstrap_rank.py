@@ -1,408 +1,257 @@
-"""Prefill/decode bootstrap under ordinary DP: which prefill replica a decode rank reaches.
+"""Ordinary DP disaggregated (the seeds' deployment 3), scaled: a DP 2 prefill engine and a DP 2
+decode engine moving real KV pages.
 
-CPU-only. Three prefill shapes: ordinary DP 2 x TP 1 (the seed's failing deployment), attention
-DP 2 across two nodes (TP 2), and a single replica; the decode side has two ordinary-DP
-replicas. Per load-balance method (the DP controller's four, with the same dispatch code on
-0.5.19 through 0.5.23), 40 bootstrap rooms are dispatched to the prefill and to the decode
-replicas the way the controller does it (``round_robin``: a counter; ``follow_bootstrap_room``:
-``room % replicas``; ``total_requests`` / ``total_tokens``: SGLang's own ``DPBudget``, which
-with no load reports alternates).
+CPU-only. Each engine is its own host (``overlay_harness.netns``): a prefill server
+(``--dp-size 2``, TP 1) and a decode server (the same), SGLang's real schedulers behind each
+(``overlay_harness.group``), with SGLang's ``mooncake_tcp`` transfer backend: Mooncake's CPU
+build writes every request's KV pages over TCP from the prefill's KV pool into the decode's.
+What stands in for the GPU is the CPU test platform (``cpu_platform/``: the prefill sender's
+host-tensor path off, all-to-all over gloo, the KV checksum computed on the CPU) and these
+launch flags (``docs/compatibility.md``): ``--disaggregation-decode-retraction-backup
+cpu_tensor`` on the decode (the default host pool pins memory), ``--disable-overlap-schedule``
+on the prefill (its cached-prefix path records a CUDA event), no ``--nccl-port``. The PD router
+is the harness's (``overlay_harness.pd.route``, run on the decode's host): the same body plus
+``bootstrap_host``/``bootstrap_port``/``bootstrap_room`` to both servers, the decode's reply.
 
-Each prefill rank first registers its connection info with the real
-``CommonKVManager.register_to_bootstrap`` at SGLang's real ``CommonKVBootstrapServer`` (its
-aiohttp app on a free loopback port). For each room, the real ``CommonKVSender`` constructor
-runs on the replica the room was dispatched to (its ``follow_bootstrap_room`` conflict check
-and its ``/register_dp_rank`` post), in a subclass that inherits it as the transfer backends'
-senders do (the abstract transfer methods raise; nothing transfers). Then the decode
-replica the room went to resolves it as the decode side does:
-``DecodePreallocQueue._resolve_prefill_dp_rank`` (over the
-``PrefillServerInfo`` the server reports on ``/route``), else
-``CommonKVReceiver.query_prefill_dp_ranks``, then
-``CommonKVReceiver._get_bootstrap_info_from_server`` for the connection info. A room is
-resolved when the prefill sender did not fail it and the decode side got the connection info
-of the replica it was dispatched to.
+Both servers run ``--disaggregation-enable-kv-checksum``: the prefill digests the pages it sends,
+the decode digests what arrived and aborts the request on a difference; the platform logs every
+digest, so the test also sees that both sides computed the same one for every request. Output
+tokens prove nothing (the dummy weights give uniform logits). The rooms are odd and even: under
+the prefill's default ``follow_bootstrap_room`` dispatch, odd rooms go to prefill DP rank 1,
+where the stock engine refuses them ("follow_bootstrap_room conflict", the seed's failure); a
+second prefill launched without the plugin (``SGLANG_PLUGINS`` allow-list) reproduces that
+against the same decode server. On the rebuilt wheel (``patches/``, plugin not loaded) the
+engine's own sender is fixed (``patches/DIFFERENCES.md`` #5): the first launch already is the
+plugin-less one, and nothing is left to reproduce.
 
-What stands in: each prefill rank's KV manager is SGLang's ``CommonKVManager`` with its
-constructor replaced, because that constructor needs the scheduler's torch.distributed groups
-and (in a backend) the GPU KV buffers and transfer engine. The stand-in carries the rank fields
-the constructor derives (attention-DP rank and size, ``system_dp_size``, the replica's
-``system_dp_rank``), its own connection port, and the bookkeeping the real ``update_status``,
-``record_failure`` and ``register_to_bootstrap`` read. On the decode side, plain objects carry
-the few fields the resolution functions read (a Req's bootstrap host, port and room, the
-prealloc queue's ``prefill_info_table``, the receiver's ``bootstrap_addr``). The process
-context (``get_parallel()`` and friends) is SGLang's own, published from real server args; all
-ranks of a case share one process, and attention DP's two nodes read node 0's context (the
-values the sender reads are the same on both nodes).
-
-Each variant runs in its own spawned process, as a scheduler does: "stock" never loads
-plugins, so SGLang's code runs unhooked; "overlay" first calls SGLang's ``load_plugins()``,
-which registers this project's scheduler-side hooks.
+Both engines hold the machine's large-topology gate (``overlay_harness.gate``) while they run.
 """
 
-import inspect
+import collections
+import importlib.util
 import json
-import logging
-import multiprocessing
-import os
-import threading
-import time
+import re
 import unittest
-from collections import defaultdict
-from types import SimpleNamespace
-from typing import Any
 
-from overlay_harness import differences, nodes, ports
-from overlay_harness.group import TINY_MODEL
+from overlay_harness import differences, gate, kv_events, netns, nodes, pd, ports, probes
+from overlay_harness.group import TINY_MODEL, EngineGroup
+from overlay_harness.testcase import NodesTestCase
 from sglang.test.ci.ci_register import register_cpu_ci
-from sglang.test.test_utils import CustomTestCase
 from sglang_sidecar_overlay import entry_point
 
-register_cpu_ci(est_time=29, suite="base-a-test-cpu")
+register_cpu_ci(est_time=140, suite="base-a-test-cpu")
 
-logger = logging.getLogger(__name__)
-
-ROOMS = [7_340_000_000 + i for i in range(40)]
-METHODS = ("round_robin", "follow_bootstrap_room", "total_requests", "total_tokens")
 DP = 2
-VARIANT_DEADLINE = 900.0
-SERVER_DEADLINE = 60.0
+BACKEND = "mooncake_tcp"
+PROMPT_TOKENS = 80  # five whole pages: every prompt token's KV is transferred
+NEW_TOKENS = 4
+FIRST_ROOM = 7_340_000_000
+# Rooms both odd and even, so both prefill DP ranks serve requests.
+ROOMS = [FIRST_ROOM + i for i in range(12)]
+STOCK_ROOMS = [FIRST_ROOM + 100 + i for i in range(4)]
+REQUEST_DEADLINE = 300.0
+# How long a server gets for an orderly stop before it is killed: not what is tested here,
+# and the decode still holds the stock prefill's refused requests.
+STOP_TIMEOUT = 10.0
 CONFLICT = "follow_bootstrap_room conflict"
-SENDER_INIT = "sglang.srt.disaggregation.common.conn.CommonKVSender.__init__"
+NO_PLUGIN = "none"
+CHECKSUM = re.compile(r"overlay CPU test platform: KV checksum (0x[0-9a-f]+) over (\d+) pages")
 
-# Rank fields per case, as CommonKVManager.__init__ derives them on every supported release:
-# (attn_tp_size, attn_tp_rank, attn_dp_size, attn_dp_rank, system_dp_size, system_dp_rank).
-ORDINARY_DP_RANKS = [(1, 0, 1, 0, DP, replica) for replica in range(DP)]
-ATTENTION_DP_RANKS = [(1, 0, DP, rank, 1, 0) for rank in range(DP)]
-
-
-# --- everything below runs in the spawned variant process --------------------------------------
-
-
-def _standin_manager_class() -> type:
-    from sglang.srt.disaggregation.base.conn import KVArgs
-    from sglang.srt.disaggregation.common.conn import CommonKVManager
-    from sglang.srt.disaggregation.utils import DisaggregationMode
-
-    class StandinKVManager(CommonKVManager):
-        """CommonKVManager without its GPU/torch.distributed constructor; see the docstring."""
-
-        def __init__(self, ranks: tuple, bootstrap_port: int, dist_init_addr: str | None):
-            attn_tp_size, attn_tp_rank, attn_dp_size, attn_dp_rank, sys_size, sys_rank = ranks
-            self.kv_args = KVArgs()
-            self.kv_args.engine_rank = attn_dp_rank * attn_tp_size + attn_tp_rank
-            self.kv_args.pp_rank = 0
-            self.kv_args.page_size = 1
-            self.kv_args.system_dp_rank = sys_rank
-            self.kv_args.rust_http_port = None
-            self.kv_cache_dtype_str = "bfloat16"
-            self.kv_layout = None
-            self.dsv41_spec_layout = None
-            self.disaggregation_mode = DisaggregationMode.PREFILL
-            self.bootstrap_host = "127.0.0.1"
-            self.bootstrap_port = bootstrap_port
-            self.dist_init_addr = dist_init_addr
-            self.attn_tp_size, self.attn_tp_rank = attn_tp_size, attn_tp_rank
-            self.attn_cp_size, self.attn_cp_rank = 1, 0
-            self.attn_dp_size, self.attn_dp_rank = attn_dp_size, attn_dp_rank
-            self.system_dp_size, self.system_dp_rank = sys_size, sys_rank
-            self.pp_size, self.pp_rank = 1, 0
-            self.local_ip = "127.0.0.1"
-            self.rank_port = ports.free_port()
-            self.is_dummy_cp_rank = False
-            self.deferred_bootstrap = None
-            self.request_status = {}
-            self.failure_records = {}
-            self.failure_lock = threading.Lock()
-            self._deferred_ack_targets = {}
-            self._deferred_ack_poisoned_rooms = set()
-            self._staging_outstanding = defaultdict(int)
-            self.register_to_bootstrap()
-
-    return StandinKVManager
+PD_ARGS = ["--dp-size", str(DP), "--disaggregation-transfer-backend", BACKEND,
+           "--enable-metrics", "--disaggregation-enable-kv-checksum"]  # fmt: skip
+PREFILL_ARGS = [*PD_ARGS, "--disaggregation-mode", "prefill", "--disable-overlap-schedule"]
+DECODE_ARGS = [*PD_ARGS, "--disaggregation-mode", "decode",
+               "--disaggregation-decode-retraction-backup", "cpu_tensor",
+               "--disaggregation-decode-enable-radix-cache"]  # fmt: skip
 
 
-def _sender_class() -> type:
-    """A transfer backend's sender without the transfer: SGLang's constructor, inherited."""
-    from sglang.srt.disaggregation.common.conn import CommonKVSender
-
-    def no_transfer(self: Any, *args: Any, **kwargs: Any) -> Any:
-        raise NotImplementedError("no KV transfer in this test")
-
-    # Abstract on some releases (poll, failure_exception); a backend implements them.
-    methods = dict.fromkeys(getattr(CommonKVSender, "__abstractmethods__", ()), no_transfer)
-    return type("StandinKVSender", (CommonKVSender,), methods)
-
-
-def _publish(model_dir: str, args: list[str]) -> None:
-    from sglang.srt.runtime_context import publish, reset_context
-    from sglang.srt.server_args import prepare_server_args
-
-    server_args = prepare_server_args(
-        ["--model-path", model_dir, "--skip-tokenizer-init", "--device", "cpu", *args]
-    )
-    reset_context()
-    publish(server_args, role="scheduler")
-
-
-def _wait_healthy(port: int) -> None:
-    import requests
-
-    deadline = time.monotonic() + SERVER_DEADLINE
-    while time.monotonic() < deadline:
-        try:
-            if requests.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                return
-        except requests.RequestException:
-            pass
-        time.sleep(0.05)
-    raise TimeoutError(f"bootstrap server on port {port} not healthy in {SERVER_DEADLINE} s")
-
-
-def _dispatch(method: str, replicas: int) -> list[int]:
-    """The replica each room goes to, as the DP controller's method picks it."""
-    from sglang.srt.managers.data_parallel_controller import DPBudget, LoadBalanceMethod
-
-    if method == "round_robin":
-        return [i % replicas for i in range(len(ROOMS))]
-    if method == "follow_bootstrap_room":
-        return [room % replicas for room in ROOMS]
-    budget = DPBudget(replicas)
-    return [budget.dispatch(LoadBalanceMethod.from_str(method), 16) for _ in ROOMS]
-
-
-def _decode_req(room: int, port: int) -> SimpleNamespace:
-    """The fields of a decode-side Req that the prefill-rank resolution reads."""
-    return SimpleNamespace(
-        bootstrap_host="127.0.0.1",
-        bootstrap_port=port,
-        bootstrap_room=room,
-        disagg_prefill_dp_rank=None,
-    )
-
-
-def _run_case(model_dir: str, method: str, rank_fields: list[tuple], server_args: list[str]):
-    import requests
-    from sglang.srt.disaggregation.base import KVPoll
-    from sglang.srt.disaggregation.common.conn import (
-        CommonKVBootstrapServer,
-        CommonKVReceiver,
-        PrefillServerInfo,
-    )
-    from sglang.srt.disaggregation.decode import DecodePreallocQueue
-
-    port = ports.free_port()
-    dist_init_addr = None
-    if "--nnodes" in server_args:
-        dist_init_addr = f"127.0.0.1:{ports.free_port()}"
-        server_args = [*server_args, "--dist-init-addr", dist_init_addr]
-    _publish(
-        model_dir,
-        [
-            *server_args,
-            *("--load-balance-method", method, "--disaggregation-bootstrap-port", str(port)),
-            *("--host", "127.0.0.1", "--port", str(ports.free_port())),
-        ],
-    )
-    server = CommonKVBootstrapServer("127.0.0.1", port)
+def missing_piece() -> str | None:
+    """What this env lacks for a real PD transfer on the CPU, or None."""
     try:
-        _wait_healthy(port)
-        manager_class = _standin_manager_class()
-        sender_class = _sender_class()
-        managers = [manager_class(ranks, port, dist_init_addr) for ranks in rank_fields]
-        addr = f"127.0.0.1:{port}"
-
-        # Prefill: each room's sender on the replica it was dispatched to.
-        prefill_of = dict(zip(ROOMS, _dispatch(method, len(managers)), strict=True))
-        failures = {}
-        # 0.5.19-0.5.21 also take the destination TP ranks and the PP rank.
-        extra = {}
-        params = inspect.signature(sender_class.__init__).parameters
-        if "dest_tp_ranks" in params:
-            extra = {"dest_tp_ranks": [0], "pp_rank": 0}
-        for room, replica in prefill_of.items():
-            mgr = managers[replica]
-            sender_class(mgr=mgr, bootstrap_addr=addr, bootstrap_room=room, **extra)
-            if mgr.check_status(room) == KVPoll.Failed:
-                failures[room] = mgr.failure_records.get(room, "")
-
-        # Decode: each decode replica resolves the prefill DP rank, then the connection info.
-        info = requests.get(
-            f"http://{addr}/route?prefill_dp_rank=-1&prefill_cp_rank=-1"
-            "&target_tp_rank=-1&target_pp_rank=-1",
-            timeout=5,
-        )
-        info.raise_for_status()
-        prefill_info = PrefillServerInfo(**info.json())
-        decode_of = dict(zip(ROOMS, _dispatch(method, DP), strict=True))
-        # Per decode replica, the one field of its prealloc queue the resolution reads.
-        queues = {
-            d: SimpleNamespace(kv_manager=SimpleNamespace(prefill_info_table={addr: prefill_info}))
-            for d in range(DP)
-        }
-        resolved_rank = {}
-        pending = defaultdict(list)
-        for room, d in decode_of.items():
-            rank = DecodePreallocQueue._resolve_prefill_dp_rank(queues[d], _decode_req(room, port))
-            if rank is None:
-                pending[d].append(room)
-            else:
-                resolved_rank[room] = rank
-        for rooms in pending.values():
-            answer = CommonKVReceiver.query_prefill_dp_ranks(addr, rooms)
-            for room in rooms:
-                if str(room) in answer:
-                    resolved_rank[room] = int(answer[str(room)])
-        receiver = SimpleNamespace(bootstrap_addr=addr)
-        port_of_replica = {m.rank_port: i for i, m in enumerate(managers)}
-        reached = {}
-        for room, rank in resolved_rank.items():
-            found = CommonKVReceiver._get_bootstrap_info_from_server(receiver, rank, 0, 0, 0)
-            if found is not None:
-                reached[room] = port_of_replica.get(found["rank_port"])
-
-        ok = [r for r in ROOMS if r not in failures and reached.get(r) == prefill_of[r]]
-        wrong = [r for r in ROOMS if r not in failures and reached.get(r) != prefill_of[r]]
-        return {
-            "resolved": len(ok),
-            "conflicts": sum(CONFLICT in reason for reason in failures.values()),
-            "failed": len(failures),
-            "wrong_replica": len(wrong),
-            "wrong_on_replica": sorted({prefill_of[r] for r in wrong + list(failures)}),
-            "prefill_dp_size": prefill_info.dp_size,
-        }
-    finally:
-        server.close()
+        from sglang.srt.arg_groups.choices import DISAGG_TRANSFER_BACKEND_CHOICES
+    except ImportError:
+        DISAGG_TRANSFER_BACKEND_CHOICES = ()
+    if BACKEND not in DISAGG_TRANSFER_BACKEND_CHOICES:
+        return f"this SGLang has no --disaggregation-transfer-backend {BACKEND}"
+    if importlib.util.find_spec("mooncake") is None:
+        return "Mooncake's CPU build (mooncake-transfer-engine-non-cuda) is not in this env"
+    if importlib.util.find_spec("sglang.srt.disaggregation.checksum") is None:
+        return "this SGLang has no --disaggregation-enable-kv-checksum"
+    return None
 
 
-CASES = {
-    "single_replica": ([(1, 0, 1, 0, 1, 0)], ["--disaggregation-mode", "prefill"]),
-    "ordinary_dp": (ORDINARY_DP_RANKS, ["--disaggregation-mode", "prefill", "--dp-size", "2"]),
-    "attention_dp_two_nodes": (
-        ATTENTION_DP_RANKS,
-        [
-            *("--disaggregation-mode", "prefill", "--tp-size", "2", "--dp-size", "2"),
-            *("--enable-dp-attention", "--nnodes", "2", "--node-rank", "0"),
-        ],
-    ),
-}
+MISSING = missing_piece()
 
 
-def run_variant(with_plugins: bool, model_dir: str, out: Any) -> None:
-    """Spawned-process entry: every case and method, results sent back as JSON."""
-    try:
-        if with_plugins:
-            from sglang.srt.plugins import load_plugins
-
-            # As the harness's nodes: on the rebuilt-wheel side the allow-list names no plugin.
-            os.environ[entry_point.SGLANG_PLUGINS_ENV] = nodes.plugin_allow_list()
-
-            load_plugins()
-        from sglang.srt.disaggregation.common.conn import CommonKVSender
-        from sglang.srt.plugins.hook_registry import HookRegistry
-
-        results: dict[str, Any] = {
-            "sender_hooked": hasattr(CommonKVSender.__init__, "__wrapped__"),
-            "sender_hooks": [
-                f"{hook.__module__}.{hook.__qualname__}"
-                for _type, hook, _src in HookRegistry._hooks.get(SENDER_INIT, [])
-            ],
-        }
-        for case, (ranks, args) in CASES.items():
-            for method in METHODS:
-                results[f"{case}/{method}"] = _run_case(model_dir, method, ranks, args)
-        out.send(json.dumps(results))
-    except BaseException as exc:
-        out.send(json.dumps({"error": repr(exc)}))
-        raise
-    finally:
-        out.close()
+def checksums(log_text: str) -> list[str]:
+    """Every KV digest the CPU platform logged in a node's log, in order."""
+    return [match.group(1) for match in CHECKSUM.finditer(log_text)]
 
 
-# --- the test process --------------------------------------------------------------------------
+def prompts(rooms: list[int]) -> list[list]:
+    return [[room, kv_events.prompt(PROMPT_TOKENS)] for room in rooms]
 
 
-def run_in_spawned_process(with_plugins: bool, model_dir: str) -> dict:
-    ctx = multiprocessing.get_context("spawn")
-    receiver, sender = ctx.Pipe(duplex=False)
-    process = ctx.Process(target=run_variant, args=(with_plugins, model_dir, sender), daemon=True)
-    process.start()
-    sender.close()
-    try:
-        if not receiver.poll(VARIANT_DEADLINE):
-            raise TimeoutError(f"variant (plugins={with_plugins}) gave no result")
-        result = json.loads(receiver.recv())
-    finally:
-        process.join(timeout=30)
-        if process.is_alive():
-            process.kill()
-            process.join(timeout=30)
-        receiver.close()
-    if "error" in result:
-        raise AssertionError(f"variant (plugins={with_plugins}) failed: {result['error']}")
-    return result
+def stored_blocks(node: nodes.Node, group: EngineGroup, rank: int) -> int:
+    """``BlockStored`` events rank ``rank`` of ``node`` published, replayed from its start."""
+    from sglang.srt.disaggregation.kv_events import BlockStored
+
+    endpoint = f"tcp://127.0.0.1:{group.replay_base + rank}"
+    replayed = node.inside(probes.replay, endpoint, 0, 60)
+    return sum(
+        isinstance(event, BlockStored)
+        for _topic, _seq, payload in replayed
+        for event in kv_events.decode(payload).events
+    )
 
 
-class TestOrdinaryDPBootstrapRank(CustomTestCase):
+@unittest.skipIf(MISSING is not None, f"no real PD transfer here: {MISSING}")
+class TestOrdinaryDPDisaggregation(NodesTestCase):
     @classmethod
     def setUpClass(cls):
-        model = TINY_MODEL
-        cls.stock = run_in_spawned_process(False, str(model))
-        cls.overlay = run_in_spawned_process(True, str(model))
-        for key in cls.stock:
-            if "/" in key:
-                logger.info(
-                    "%s: stock %d/%d, overlay %d/%d resolved to the dispatched replica",
-                    key,
-                    cls.stock[key]["resolved"],
-                    len(ROOMS),
-                    cls.overlay[key]["resolved"],
-                    len(ROOMS),
-                )
+        super().setUpClass()
+        cls.started: list[nodes.Node] = []
+        # Every server is stopped before the gate lets another session's large launch start.
+        with gate.large_launch(cls.__name__):
+            try:
+                cls._run()
+            finally:
+                nodes.stop_all(cls.started, STOP_TIMEOUT)
 
-    def test_variants_are_stock_and_hooked(self):
-        self.assertFalse(self.stock["sender_hooked"], self.stock["sender_hooks"])
-        self.assertEqual(self.stock["sender_hooks"], [])
+    @classmethod
+    def _start(cls, launch, name: str) -> nodes.Node:
+        node = nodes.Node(launch, cls.workdir, name)
+        cls.started.append(node)
+        return node
+
+    @classmethod
+    def _ready(cls, *started: nodes.Node) -> None:
+        try:
+            for node in started:
+                node.expect_ready()
+        except BaseException:
+            nodes.print_logs(list(started))
+            raise
+
+    @classmethod
+    def _route(cls, prefill: nodes.Node, decode: nodes.Node, bootstrap: int, rooms: list[int]):
+        return decode.inside(
+            pd.route,
+            [prefill.address, prefill.http_port],
+            [decode.address, decode.http_port],
+            bootstrap,
+            prompts(rooms),
+            NEW_TOKENS,
+            REQUEST_DEADLINE,
+        )
+
+    @classmethod
+    def _metrics(cls, prefill: nodes.Node) -> tuple[int, int]:
+        status, text = prefill.inside(probes.http_text, prefill.http_port, prefill.address,
+                                      "/metrics")  # fmt: skip
+        assert status == 200, (status, text[:500])
+        return pd.transferred_bytes(text)
+
+    @classmethod
+    def _run(cls) -> None:
+        network = netns.Network(2)
+        prefill_group = EngineGroup(1, [], network=network, first_host=0)
+        decode_group = EngineGroup(1, [], network=network, first_host=1)
+        bootstrap = ports.free_port()
+        prefill = cls._start(
+            prefill_group.launch(0, grpc=False, extra=[
+                *PREFILL_ARGS, "--disaggregation-bootstrap-port", str(bootstrap)]),
+            "prefill",
+        )  # fmt: skip
+        decode = cls._start(
+            decode_group.launch(0, grpc=False, extra=DECODE_ARGS),
+            "decode",
+        )  # fmt: skip
+        cls._ready(prefill, decode)
+        cls.metrics_before = cls._metrics(prefill)
+        cls.replies = cls._route(prefill, decode, bootstrap, ROOMS)
+        cls.metrics_after = cls._metrics(prefill)
+        cls.prefill_blocks = [stored_blocks(prefill, prefill_group, r) for r in range(DP)]
+        cls.decode_blocks = [stored_blocks(decode, decode_group, r) for r in range(DP)]
+        cls.prefill_log = prefill.log_text()
+        cls.decode_log = decode.log_text()
+        cls.stock_replies = cls.stock_log = None
         if differences.differs(differences.ENGINE_BOOTSTRAP_RANK):
-            # The plugin is not loaded on the rebuilt wheel: the engine's own sender runs.
-            self.assertFalse(self.overlay["sender_hooked"], self.overlay["sender_hooks"])
-            self.assertEqual(self.overlay["sender_hooks"], [])
             return
-        self.assertTrue(self.overlay["sender_hooked"])
-        self.assertEqual(len(self.overlay["sender_hooks"]), 1, self.overlay["sender_hooks"])
-        self.assertTrue(self.overlay["sender_hooks"][0].startswith("sglang_sidecar_overlay."))
+        # The stock engine: a second prefill without the plugin, against the same decode.
+        prefill.stop(STOP_TIMEOUT)
+        cls.started.remove(prefill)
+        stock_group = EngineGroup(1, [], network=network, first_host=0)
+        stock_bootstrap = ports.free_port()
+        stock = cls._start(
+            stock_group.launch(0, grpc=False, extra=[
+                *PREFILL_ARGS, "--disaggregation-bootstrap-port", str(stock_bootstrap)],
+                env={entry_point.SGLANG_PLUGINS_ENV: NO_PLUGIN}),
+            "stock-prefill",
+        )  # fmt: skip
+        cls._ready(stock)
+        cls.stock_replies = cls._route(stock, decode, stock_bootstrap, STOCK_ROOMS)
+        cls.stock_log = stock.log_text()
 
-    def test_stock_reproduces_the_seed_failure_on_replica_1(self):
-        for method in METHODS:
-            with self.subTest(method=method):
-                got = self.stock[f"ordinary_dp/{method}"]
-                self.assertEqual(got["prefill_dp_size"], DP)
-                if differences.differs(differences.ENGINE_BOOTSTRAP_RANK):
-                    # The series' patch 0005 fixes the engine itself: nothing to reproduce.
-                    self.assertEqual(got["resolved"], len(ROOMS), got)
-                    continue
-                self.assertEqual(got["resolved"], 20, got)
-                self.assertEqual(got["wrong_on_replica"], [1], got)
-                if method == "follow_bootstrap_room":
-                    # Refused: "SGLang checks its attention rank0 against ... rank1".
-                    self.assertEqual(got["conflicts"], 20, got)
+    def test_every_request_succeeds_on_both_prefill_ranks(self):
+        self.assertEqual(len(self.replies), len(ROOMS))
+        for reply in self.replies:
+            with self.subTest(room=reply["room"]):
+                self.assertFalse(pd.failed(reply["prefill"]), reply["prefill"])
+                self.assertFalse(pd.failed(reply["decode"]), reply["decode"])
+                self.assertEqual(reply["decode"]["meta_info"]["completion_tokens"], NEW_TOKENS)
+        self.assertEqual({room % DP for room in ROOMS}, set(range(DP)))
+        # Each prefill rank's radix cache stored its requests' prompts: both ranks were used.
+        for rank, blocks in enumerate(self.prefill_blocks):
+            self.assertGreater(blocks, 0, f"no BlockStored from prefill DP rank {rank}")
+
+    def test_checksums_agree_on_both_sides(self):
+        sent = collections.Counter(checksums(self.prefill_log))
+        received = checksums(self.decode_log)
+        # The decode verifies every routed request once (the prefill also digests its warm-up).
+        self.assertEqual(len(received), len(ROOMS), received)
+        self.assertEqual(len(set(received)), len(ROOMS), received)
+        for digest in received:
+            self.assertGreaterEqual(sent[digest], 1, f"decode digest {digest} never sent")
+        self.assertNotIn("KV checksum mismatch", self.decode_log)
+        print(f"{len(received)} decode digests, each sent by the prefill: {received}")
+
+    def test_transferred_bytes_are_every_prompt_token(self):
+        config = json.loads((TINY_MODEL / "config.json").read_text())
+        per_token = pd.kv_bytes_per_token(config)
+        sent_bytes = self.metrics_after[0] - self.metrics_before[0]
+        transfers = self.metrics_after[1] - self.metrics_before[1]
+        print(f"prefill sent {sent_bytes} B in {transfers} transfers ({per_token} B per token)")
+        self.assertEqual(transfers, len(ROOMS))
+        self.assertEqual(sent_bytes, len(ROOMS) * PROMPT_TOKENS * per_token)
+
+    def test_both_sides_publish_block_stored(self):
+        print(
+            f"BlockStored per DP rank: prefill {self.prefill_blocks}, decode {self.decode_blocks}"
+        )
+        self.assertGreater(sum(self.prefill_blocks), 0)
+        for rank, blocks in enumerate(self.decode_blocks):
+            self.assertGreater(blocks, 0, f"no BlockStored from decode DP rank {rank}")
+
+    def test_stock_prefill_refuses_odd_rooms(self):
+        self.assertNotIn(CONFLICT, self.prefill_log)
+        if differences.differs(differences.ENGINE_BOOTSTRAP_RANK):
+            # The plugin is not loaded on the rebuilt wheel: the first launch was the engine's
+            # own sender, fixed by the series, and served every odd room above.
+            self.assertTrue(all(not pd.failed(r["decode"]) for r in self.replies if r["room"] % 2))
+            return
+        for reply in self.stock_replies:
+            with self.subTest(room=reply["room"]):
+                if reply["room"] % DP == 0:
+                    self.assertFalse(pd.failed(reply["decode"]), reply)
                 else:
-                    # Registered as rank 0: decode fetches replica 0's connection info.
-                    self.assertEqual((got["failed"], got["wrong_replica"]), (0, 20), got)
-
-    def test_overlay_resolves_every_room_to_its_replica(self):
-        for method in METHODS:
-            with self.subTest(method=method):
-                got = self.overlay[f"ordinary_dp/{method}"]
-                self.assertEqual(got["resolved"], len(ROOMS), got)
-                self.assertEqual((got["failed"], got["wrong_replica"]), (0, 0), got)
-
-    def test_attention_dp_and_single_replica_are_unchanged(self):
-        for case in ("attention_dp_two_nodes", "single_replica"):
-            for method in METHODS:
-                with self.subTest(case=case, method=method):
-                    key = f"{case}/{method}"
-                    self.assertEqual(self.overlay[key], self.stock[key])
-                    self.assertEqual(self.stock[key]["resolved"], len(ROOMS), self.stock[key])
+                    self.assertTrue(pd.failed(reply["prefill"]), reply)
+        # Refused by the stock sender on prefill DP rank 1, which checks its attention-DP rank.
+        for room in STOCK_ROOMS:
+            refused = f"{CONFLICT}: dispatched to dp_rank 0 but bootstrap_room {room} " in (
+                self.stock_log
+            )
+            self.assertEqual(refused, room % DP == 1, room)
 
 
 if __name__ == "__main__":

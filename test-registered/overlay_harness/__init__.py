@@ -5,5 +5,6 @@ test platform of ``cpu_platform/``); ``nodes`` starts and stops node processes
 (``node_process``, SGLang's own launch path) and asks them things through ``inside`` on their
 hosts (``netns``); ``probes`` are the clients; ``kv_events`` the real events; ``dynamo`` the
 released Dynamo sidecar and router; ``scheduler_faults`` the faults injected into real
-schedulers. Nothing here stands in for a scheduler.
+schedulers; ``pd`` a prefill/decode router and the prefill's transfer metrics; ``gate`` the
+machine-wide lock a large topology holds. Nothing here stands in for a scheduler.
 """

@@ -28,8 +28,8 @@ PLUGIN_LOG_LINES = 2
 UPSTREAM_LEGACY_DP_SIZE_ENV = "SGLANG_SERVER_INFO_LEGACY_DP_SIZE"
 DP_SIZE_SWITCH_NAMES = (LEGACY_DP_SIZE_ENV, UPSTREAM_LEGACY_DP_SIZE_ENV)
 
-# patches/DIFFERENCES.md #5: the disaggregation test's plugin-less variant runs the engine's
-# own prefill sender, which the series fixes (patch 0005): 40/40 rooms, no failure to reproduce.
+# patches/DIFFERENCES.md #5: a prefill launched without the plugin runs the engine's own
+# prefill sender, which the series fixes (patch 0005): odd rooms succeed, no failure to reproduce.
 ENGINE_BOOTSTRAP_RANK = 5
 
 # patches/DIFFERENCES.md #6: the series has the dp_size switch but not the plugin's default of

@@ -73,13 +73,26 @@ class Launch:
 
 class EngineGroup:
     """Launch plans of one engine group: one node on the test's own host (loopback), or
-    ``nnodes`` hosts on a private bridge (one namespace each)."""
+    ``nnodes`` hosts on a private bridge (one namespace each).
 
-    def __init__(self, nnodes: int, parallel: list[str], model: Path = TINY_MODEL):
+    ``network`` puts the group's nodes on hosts ``first_host``, ``first_host + 1``, ... of a
+    network shared with other groups (a prefill and a decode engine, each its own host)."""
+
+    def __init__(
+        self,
+        nnodes: int,
+        parallel: list[str],
+        model: Path = TINY_MODEL,
+        network: netns.Network | None = None,
+        first_host: int = 0,
+    ):
         self.model = model
         self.nnodes = nnodes
         self.parallel = parallel
-        self.network = netns.Network(nnodes) if nnodes > 1 else None
+        if network is None and nnodes > 1:
+            network = netns.Network(nnodes)
+        self.network = network
+        self.first_host = first_host
         # With attention DP, SGLang derives its TCP IPC ports from ``--dist-init-addr``:
         # the next seven ports after it.
         self.dist_port = ports.free_port_range(8)
@@ -91,7 +104,9 @@ class EngineGroup:
 
     def host(self, node_rank: int) -> netns.Host | None:
         """The namespace node ``node_rank`` runs in; None on the test's own host."""
-        return self.network.hosts[node_rank] if self.network is not None else None
+        if self.network is None:
+            return None
+        return self.network.hosts[self.first_host + node_rank]
 
     def address(self, node_rank: int) -> str:
         """The address node ``node_rank`` serves on (``--host``)."""

@@ -119,9 +119,10 @@ class Node:
         self.log_path = log_dir / f"{name}-{self.tag[:8]}.log"
         self.event: dict | None = None
         env = inside.harness_environ()
+        # A launch's own environment may restrict the plugins further (a stock node).
+        env[entry_point.SGLANG_PLUGINS_ENV] = plugin_allow_list()
         env.update(launch.environ)
         env[TAG_ENV] = self.tag
-        env[entry_point.SGLANG_PLUGINS_ENV] = plugin_allow_list()
         argv = [sys.executable, "-m", "overlay_harness.node_process", self.role, *launch.args]
         self.network = launch.group.network
         if self.network is not None:

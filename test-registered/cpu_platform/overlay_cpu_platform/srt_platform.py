@@ -15,9 +15,11 @@ installed release asks for it (feature-detected, never by version number).
 
 from __future__ import annotations
 
+import ctypes
 import importlib
 import logging
 import os
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
@@ -54,8 +56,14 @@ class ModuleSetting:
     avoids: str
 
     def apply(self) -> bool:
-        """Set it; False (nothing set) when the installed release has no such module global."""
-        target = importlib.import_module(self.module)
+        """Set it; False (nothing set) when the installed release has no such module, or no
+        such module global."""
+        try:
+            target = importlib.import_module(self.module)
+        except ModuleNotFoundError as exc:
+            if exc.name is None or not self.module.startswith(exc.name):
+                raise
+            return False
         owner_name, _, name = self.attribute.rpartition(".")
         owner = getattr(target, owner_name) if owner_name else target
         if not owner_name and not hasattr(owner, name):
@@ -67,6 +75,50 @@ class ModuleSetting:
 def _seq_len_fill_value(_backend: Any) -> int:
     # The padded slots of a DP-attention batch get length 1, as every other backend's do.
     return 1
+
+
+def _cpu_all_to_all(module: ModuleType) -> Callable[..., None]:
+    """``GroupCoordinator.all_to_all_single`` sending CPU tensors through the group's own
+    ``_all_to_all_single`` (``torch.distributed`` on its gloo group); any other tensor as
+    before."""
+    original = module.GroupCoordinator.all_to_all_single
+    if getattr(original, "overlay_cpu_platform", False):
+        return original
+
+    def all_to_all_single(self: Any, output: torch.Tensor, input: torch.Tensor) -> None:
+        if self.world_size > 1 and input.device.type == "cpu":
+            self._all_to_all_single(output, input)
+            return
+        original(self, output, input)
+
+    all_to_all_single.overlay_cpu_platform = True  # type: ignore[attr-defined]
+    return all_to_all_single
+
+
+CHECKSUM_LOG = "overlay CPU test platform: KV checksum %#010x over %d pages"
+
+
+def _cpu_kv_checksum(
+    self: Any, kv_page_indices: torch.Tensor, state_indices: torch.Tensor | None = None
+) -> int:
+    """``KvChecksumComputer.compute`` on the CPU: one Adler-32 over the items the CUDA kernel
+    digests, in its order. Item ``p`` of buffer ``i`` is the bytes ``[ptr_i + p * len_i,
+    + len_i)``; the KV buffers first (each over every page index), then the state buffers
+    (each over the state indices). No item at all gives 1, as the kernel does. Each digest is
+    logged (``CHECKSUM_LOG``), so a test can compare what both sides of a transfer computed."""
+    kv_buffers = zip(self._kv_data_ptrs, self._kv_item_lens, strict=True)
+    items = [(ptr, n, kv_page_indices) for ptr, n in kv_buffers]
+    if self._state_data_ptrs:
+        items += [
+            (ptr, n, state_indices)
+            for ptr, n in zip(self._state_data_ptrs, self._state_item_lens, strict=True)
+        ]
+    digest = 1
+    for ptr, length, indices in items:
+        for index in indices.reshape(-1).tolist():
+            digest = zlib.adler32(ctypes.string_at(ptr + index * length, length), digest)
+    logger.info(CHECKSUM_LOG, digest, kv_page_indices.numel())
+    return digest
 
 
 MODULE_SETTINGS = (
@@ -95,6 +147,30 @@ MODULE_SETTINGS = (
         "memcpy_func",
         lambda module: module.memcpy_cpu,
         "DP attention's gather copies with a Triton kernel, which needs a GPU driver",
+    ),
+    # Prefill/decode disaggregation (Mooncake's TCP transport).
+    ModuleSetting(
+        "sglang.srt.disaggregation.mooncake.conn",
+        "MooncakeKVSender.supports_host_tensor_indices",
+        lambda _module: False,
+        "the prefill's first KV send stages page indices in pinned host memory and records a "
+        "CUDA event: 'Found no NVIDIA driver' (off, the sender takes page indices the way the "
+        "other backends' senders do)",
+    ),
+    ModuleSetting(
+        "sglang.srt.distributed.parallel_state",
+        "GroupCoordinator.all_to_all_single",
+        _cpu_all_to_all,
+        "an attention-DP decode's LM-head all-to-all goes through a custom op registered for "
+        "PrivateUse1 only: \"Could not run 'sglang::reg_all_to_all_single' ... 'CPU' "
+        'backend"',
+    ),
+    ModuleSetting(
+        "sglang.srt.disaggregation.checksum",
+        "KvChecksumComputer.compute",
+        lambda _module: _cpu_kv_checksum,
+        "--disaggregation-enable-kv-checksum digests the KV pages with a CUDA kernel over "
+        "device pointers (asserts CUDA index tensors)",
     ),
 )
 

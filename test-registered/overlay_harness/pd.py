@@ -1,0 +1,123 @@
+"""Prefill/decode disaggregation: a minimal PD router, and what a prefill's metrics say.
+
+A PD router sends each request to a prefill and a decode server at once, the same body on both
+plus ``bootstrap_host``, ``bootstrap_port`` and ``bootstrap_room`` (the prefill server's
+bootstrap address and a room number naming the transfer), and answers with the decode's reply:
+the decode server pulls the prompt's KV pages from the prefill over the transfer backend and
+generates the rest. That is all SGLang's own PD router does per request, so the harness does it
+here; :func:`route` runs on a host that reaches both servers (``Node.inside``).
+
+The prefill's transferred bytes come from SGLang's own Prometheus histogram
+``sglang:kv_transfer_total_mb`` (bytes / 2**20 per request) on its ``/metrics``
+(``--enable-metrics``): :func:`transferred_bytes` sums it over every scheduler.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+TRANSFER_METRIC = "sglang:kv_transfer_total_mb"
+MIB = 1024 * 1024
+
+
+def _post(url: str, body: dict, seconds: float) -> dict:
+    """``{"meta_info": ...}`` of a ``POST``, or ``{"error": ...}``."""
+    request = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=seconds) as reply:
+            return {"meta_info": json.loads(reply.read())["meta_info"]}
+    except urllib.error.HTTPError as exc:
+        return {"error": f"{exc.code} {exc.read()[:2000].decode(errors='replace')}"}
+    except OSError as exc:
+        return {"error": f"{type(exc).__name__}: {exc}"}
+
+
+def failed(reply: dict) -> bool:
+    """Whether a reply of :func:`_post` is a failed request (an HTTP error, or an abort)."""
+    if "error" in reply:
+        return True
+    return (reply["meta_info"].get("finish_reason") or {}).get("type") == "abort"
+
+
+def route(
+    prefill: list,
+    decode: list,
+    bootstrap_port: int,
+    requests: list,
+    max_new_tokens: int,
+    seconds: float,
+    parallel: int = 4,
+) -> list[dict]:
+    """Each ``[room, input_ids]`` of ``requests`` through the PD pair (``prefill`` and
+    ``decode`` are ``[host, http port]``), up to ``parallel`` at once; per request
+    ``{"room", "prefill": reply, "decode": reply}``, each reply as :func:`_post`'s.
+
+    As a PD router does, a request whose prefill fails fails at once: its decode side (which
+    would wait for KV that never comes, until SGLang's waiting timeout) is not waited for."""
+    prefill_url = f"http://{prefill[0]}:{prefill[1]}/generate"
+    decode_url = f"http://{decode[0]}:{decode[1]}/generate"
+
+    def one(room: int, input_ids: list[int]) -> dict:
+        body = {
+            "input_ids": input_ids,
+            "sampling_params": {
+                "max_new_tokens": max_new_tokens,
+                "temperature": 0.0,
+                "ignore_eos": True,
+            },
+            "bootstrap_host": prefill[0],
+            "bootstrap_port": bootstrap_port,
+            "bootstrap_room": room,
+        }
+        to_decode: dict = {}
+        # A daemon thread: an abandoned decode request never holds this process open.
+        waiter = threading.Thread(
+            target=lambda: to_decode.update(_post(decode_url, body, seconds)), daemon=True
+        )
+        waiter.start()
+        to_prefill = _post(prefill_url, body, seconds)
+        if failed(to_prefill):
+            return {"room": room, "prefill": to_prefill,
+                    "decode": {"error": "not awaited: the prefill failed"}}  # fmt: skip
+        waiter.join(seconds)
+        return {"room": room, "prefill": to_prefill,
+                "decode": dict(to_decode) or {"error": f"no reply in {seconds:.0f} s"}}  # fmt: skip
+
+    with ThreadPoolExecutor(parallel) as pairs:
+        futures = [pairs.submit(one, room, ids) for room, ids in requests]
+        return [future.result() for future in futures]
+
+
+def histogram_sum(metrics_text: str, name: str) -> tuple[float, float]:
+    """``(sum, count)`` of Prometheus histogram ``name`` over all its label sets."""
+    total = count = 0.0
+    for line in metrics_text.splitlines():
+        if line.startswith("#"):
+            continue
+        metric, _, value = line.rpartition(" ")
+        base = metric.split("{", 1)[0]
+        if base == f"{name}_sum":
+            total += float(value)
+        elif base == f"{name}_count":
+            count += float(value)
+    return total, count
+
+
+def transferred_bytes(metrics_text: str) -> tuple[int, int]:
+    """``(bytes, transfers)`` the prefill's ``/metrics`` reports having sent."""
+    total_mb, count = histogram_sum(metrics_text, TRANSFER_METRIC)
+    return round(total_mb * MIB), int(count)
+
+
+def kv_bytes_per_token(config: dict[str, Any], dtype_bytes: int = 4) -> int:
+    """K and V of one token over every layer, for an MHA model's ``config.json``."""
+    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    heads = config.get("num_key_value_heads") or config["num_attention_heads"]
+    return config["num_hidden_layers"] * 2 * heads * head_dim * dtype_bytes
