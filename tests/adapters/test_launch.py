@@ -93,3 +93,10 @@ def test_the_sidecar_options_are_parsed_once_per_launch(monkeypatch) -> None:
         assert sidecar.supervisor.provider_args == ["--flag"]
         assert sidecar.supervisor.options.shutdown_timeout == 3.0
         assert sidecar.running is launch.sidecars
+
+
+def test_a_prefill_launch_exports_the_sender_hook_to_its_schedulers() -> None:
+    prefill = types.SimpleNamespace(sidecar=None, sidecar_args=None, disaggregation_mode="prefill")
+    decode = types.SimpleNamespace(sidecar=None, sidecar_args=None, disaggregation_mode="decode")
+    assert "prefill_sender" in _launch.begin_node_launch(prefill).plan.children
+    assert "prefill_sender" not in _launch.begin_node_launch(decode).plan.children

@@ -17,6 +17,7 @@ import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from sglang_sidecar_overlay.adapters._disagg_dp_rank import prefill_node
 from sglang_sidecar_overlay.adapters._hooks import (
     Hook,
     child_groups,
@@ -110,7 +111,7 @@ def begin_node_launch(
         follower=follower,
         native_grpc=native_grpc,
         sidecar=sidecar is not None,
-        prefill=_arg(server_args, "disaggregation_mode") == "prefill",
+        prefill=prefill_node(server_args),
     )
     launch = NodeLaunch(
         Incarnation.new(),
