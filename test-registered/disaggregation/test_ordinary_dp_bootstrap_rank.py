@@ -33,11 +33,14 @@ import json
 import re
 import unittest
 
+import pytest
 from overlay_harness import differences, gate, kv_events, netns, nodes, pd, ports, probes
 from overlay_harness.group import TINY_MODEL, EngineGroup
 from overlay_harness.testcase import NodesTestCase
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang_sidecar_overlay import entry_point
+
+pytestmark = pytest.mark.large_launch
 
 register_cpu_ci(est_time=140, suite="base-a-test-cpu")
 

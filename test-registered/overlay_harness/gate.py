@@ -9,6 +9,11 @@ until its last one is stopped: an exclusive ``flock`` on a file every session on
 shares (``LOCK_PATH``). Another session's large launch waits for it; small launches never
 take the lock and go on meanwhile. The kernel drops the lock when its holder exits, killed or
 not, so a crashed session never blocks the others.
+
+A lock only serialises; if every session reached its large launches at the same point, all
+but one would sit idle at the gate. :func:`staggered` orders each session's tests so that its
+large-launch modules (marked ``large_launch``) run at its own point of the run: the first
+session's first, the last session's last, the others' in between.
 """
 
 from __future__ import annotations
@@ -19,10 +24,15 @@ import logging
 import os
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
+from typing import TypeVar
+
+Item = TypeVar("Item")
 
 logger = logging.getLogger(__name__)
 
+# The pytest mark of a module whose tests take the gate (registered in pytest.ini).
+LARGE_LAUNCH_MARK = "large_launch"
 LOCK_PATH = os.path.join(tempfile.gettempdir(), "sglang-overlay-harness-large-launch.lock")
 
 
@@ -38,3 +48,28 @@ def large_launch(what: str) -> Iterator[float]:
             yield waited
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def staggered(
+    items: Sequence[Item],
+    module_of: Callable[[Item], object],
+    large: Callable[[Item], bool],
+    share: tuple[int, int],
+) -> list[Item]:
+    """``items`` with the large-launch ones moved, whole modules at a time, to session
+    ``index`` of ``count``'s point of the run (``share``): the start for the first session, the
+    end for the last. The other items keep their order, and no module is split: a unittest
+    class's shared launch must stay one launch."""
+    index, count = share
+    heavy = [item for item in items if large(item)]
+    rest = [item for item in items if not large(item)]
+    if not heavy or not rest:
+        return list(items)
+    target = round(len(rest) * index / max(count - 1, 1))
+    boundaries = (
+        [0]
+        + [i for i in range(1, len(rest)) if module_of(rest[i]) != module_of(rest[i - 1])]
+        + [len(rest)]
+    )
+    position = min(boundaries, key=lambda boundary: abs(boundary - target))
+    return rest[:position] + heavy + rest[position:]

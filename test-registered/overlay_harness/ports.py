@@ -33,16 +33,22 @@ def _ports_below_ephemeral() -> range:
     return session_share(ports, os.environ.get(PORT_SHARE_ENV))
 
 
-def session_share(ports: range, share: str | None) -> range:
-    """This session's slice of ``ports`` for ``share`` = "<index>/<count>" (all of it if unset)."""
+def parse_share(share: str | None) -> tuple[int, int]:
+    """``share`` = "<index>/<count>" as numbers; (0, 1) when unset (the only session)."""
     if not share:
-        return ports
+        return 0, 1
     try:
         index, count = (int(part) for part in share.split("/"))
         if not 0 <= index < count:
             raise ValueError
     except ValueError:
         raise ValueError(f"{PORT_SHARE_ENV}={share!r}: expected <index>/<count>") from None
+    return index, count
+
+
+def session_share(ports: range, share: str | None) -> range:
+    """This session's slice of ``ports`` for ``share`` = "<index>/<count>" (all of it if unset)."""
+    index, count = parse_share(share)
     width = len(ports) // count
     return range(ports.start + index * width, ports.start + (index + 1) * width)
 
