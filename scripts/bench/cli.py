@@ -38,6 +38,19 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--output", type=Path, default=ROOT / "docs" / "benchmark-results.md")
     parser.add_argument("--no-write", action="store_true")
     parser.add_argument(
+        "--load", action="store_true", help="run only rows 1 and 2 and print them (no write)"
+    )
+    parser.add_argument(
+        "--sizes",
+        default=",".join(load.SIZES),
+        help="snapshot sizes of rows 1, 2 and 6, comma-separated (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--clients",
+        default=",".join(map(str, load.CONCURRENCY)),
+        help="concurrent clients of rows 1 and 6, comma-separated (default: %(default)s)",
+    )
+    parser.add_argument(
         "--service-shape", action="store_true", help="run only row 6 and print it (no write)"
     )
     parser.add_argument(
@@ -53,7 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
 def settings(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line, with ``--quick`` and ``--smoke`` applied."""
     args = build_parser().parse_args(argv)
-    args.concurrency = load.CONCURRENCY
+    args.concurrency = load.parse_clients(args.clients)
+    args.sizes = load.parse_sizes(args.sizes)
     if args.quick:
         args.rounds, args.duration, args.warmup = 1, 0.5, 0.2
         args.startup_runs, args.sidecar_runs, args.sidecar_stop_runs = 3, 3, 1
@@ -97,6 +111,12 @@ def _one_row(args: argparse.Namespace) -> bool:
             rebuilt = plugin_cost.rebuilt_env()
             row = {"plugin": plugin_cost.measure(env, rebuilt, args.plugin_runs)}
             print("\n".join(plugin_cost.render(row)))
+        return True
+    if args.load:
+        extension, client = str(upstream_grpc_extension()), build_client()
+        print("1-2. GetServerInfo load (ours / upstream / grpcio), memory", flush=True)
+        rows = {"throughput": load.measure(client, extension, args)}
+        print("\n".join(load.render(rows)))
         return True
     if args.service_shape:
         extension, client = str(upstream_grpc_extension()), build_client()

@@ -31,6 +31,26 @@ SERVERS = ("ours", "upstream", "grpcio")
 _FIGURES = ("rps", "p50_us", "p99_us", "mean_us", "cpu_us")
 
 
+def parse_sizes(text: str) -> dict[str, int]:
+    """``--sizes``: labels of :data:`SIZES`, comma-separated; an unknown one is an error."""
+    labels = [label.strip() for label in text.split(",") if label.strip()]
+    unknown = [label for label in labels if label not in SIZES]
+    if unknown or not labels:
+        raise SystemExit(f"--sizes {text!r}: expected labels among {', '.join(SIZES)}")
+    return {label: SIZES[label] for label in labels}
+
+
+def parse_clients(text: str) -> tuple[int, ...]:
+    """``--clients``: positive counts, comma-separated."""
+    try:
+        counts = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        counts = ()
+    if not counts or min(counts) < 1:
+        raise SystemExit(f"--clients {text!r}: expected positive integers, comma-separated")
+    return counts
+
+
 def point_key(label: str, concurrency: int) -> str:
     return f"{label}|{concurrency}"
 
@@ -87,7 +107,7 @@ def measure(client: Path, extension: str, args: argparse.Namespace) -> dict[str,
     """Rows 1 and 2. Servers of one size run side by side; each round visits them in turn."""
     points: dict[str, Any] = {}
     memory: dict[str, Any] = {}
-    for label, size in SIZES.items():
+    for label, size in args.sizes.items():
         # Settled first: the idle memory is read a second after the servers started.
         with servers_of_size(SERVERS, size, extension, settle=1.0) as (servers, expect):
             if label == "20 KB":
@@ -96,7 +116,7 @@ def measure(client: Path, extension: str, args: argparse.Namespace) -> dict[str,
             points.update(interleaved(client, servers, label, expect, args))
             if label == "1 MiB":
                 for kind, server in servers.items():
-                    memory[kind]["after_1mib_load"] = proc_status(server.pid)
+                    memory.setdefault(kind, {})["after_1mib_load"] = proc_status(server.pid)
     return {"points": points, "memory": memory}
 
 
@@ -126,7 +146,9 @@ def render(results: dict[str, Any]) -> list[str]:
         "divided by the requests it served: it moves less than req/s when other work shares "
         "the machine.",
     ]
-    return lines + _render_memory(results["throughput"]["memory"])
+    memory = results["throughput"]["memory"]
+    # Idle memory is read at the 20 KB servers: a run of other sizes has no row 2.
+    return lines + (_render_memory(memory) if all("idle" in m for m in memory.values()) else [])
 
 
 def _render_memory(mem: dict[str, Any]) -> list[str]:

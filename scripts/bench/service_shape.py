@@ -12,14 +12,14 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import ratio
-from bench.load import SIZES, interleaved, servers_of_size
+from bench.load import interleaved, servers_of_size
 
 SHAPES = ("ours", "ours-generated")
 
 
 def measure(client: Path, extension: str, args: argparse.Namespace) -> dict[str, Any]:
     points: dict[str, Any] = {}
-    for label, size in SIZES.items():
+    for label, size in args.sizes.items():
         with servers_of_size(SHAPES, size, extension) as (servers, expect):
             points.update(interleaved(client, servers, label, expect, args))
     return points
