@@ -20,6 +20,8 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::server::{Connected, TcpConnectInfo};
 
+use crate::write_batch::WriteBatch;
+
 /// What every HTTP/2 client sends first (RFC 9113 §3.4).
 pub const HTTP2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
@@ -40,11 +42,13 @@ pub struct AcceptLimits {
     pub tcp_keepalive: Duration,
 }
 
-/// An accepted connection that sent a valid preface and holds one connection permit.
+/// An accepted connection that sent a valid preface and holds one connection permit. Its
+/// writes go out in batches ([`WriteBatch`]).
 pub struct Conn {
     stream: TcpStream,
     /// How much of the (already read and checked) preface hyper has been handed back so far.
     replayed: usize,
+    batch: WriteBatch,
     _permit: OwnedSemaphorePermit,
 }
 
@@ -129,6 +133,7 @@ async fn handshake(
         Ok(Ok(_)) if &preface == HTTP2_PREFACE => Some(Conn {
             stream,
             replayed: 0,
+            batch: WriteBatch::default(),
             _permit: permit,
         }),
         _ => None,
@@ -159,7 +164,9 @@ impl AsyncWrite for Conn {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().stream).poll_write(cx, buf)
+        let this = self.get_mut();
+        this.batch
+            .poll_write_vectored(&mut this.stream, cx, &[io::IoSlice::new(buf)])
     }
 
     fn poll_write_vectored(
@@ -167,19 +174,23 @@ impl AsyncWrite for Conn {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().stream).poll_write_vectored(cx, bufs)
+        let this = self.get_mut();
+        this.batch.poll_write_vectored(&mut this.stream, cx, bufs)
     }
 
+    /// Vectored, so h2 hands its frames over without copying them first.
     fn is_write_vectored(&self) -> bool {
-        self.stream.is_write_vectored()
+        true
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().stream).poll_flush(cx)
+        let this = self.get_mut();
+        this.batch.poll_flush(&mut this.stream, cx)
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().stream).poll_shutdown(cx)
+        let this = self.get_mut();
+        this.batch.poll_shutdown(&mut this.stream, cx)
     }
 }
 

@@ -9,6 +9,7 @@ pub mod limits;
 pub mod reflection;
 pub mod server;
 pub mod service;
+pub mod write_batch;
 
 #[cfg(feature = "python")]
 mod python;

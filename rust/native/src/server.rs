@@ -40,6 +40,9 @@ const MAX_PENDING_ACCEPT_RESETS: usize = 20;
 
 #[derive(Debug, Clone)]
 pub struct ServerOptions {
+    /// One by default: a follower's server shares its host with inference, and on the 2-core
+    /// benchmark machine one worker served more calls than two at 20 KB and 1 MiB (its
+    /// connections' writes are batched, so one thread keeps up; `docs/benchmark-results.md`).
     pub worker_threads: usize,
     /// How long in-flight calls may finish after shutdown begins before connections are cut.
     pub shutdown_grace: Duration,
@@ -53,7 +56,7 @@ pub struct ServerOptions {
 impl Default for ServerOptions {
     fn default() -> Self {
         Self {
-            worker_threads: 2,
+            worker_threads: 1,
             shutdown_grace: Duration::from_millis(500),
             limits: Limits::default(),
             implementation: Implementation::default(),
