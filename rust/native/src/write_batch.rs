@@ -49,9 +49,7 @@ impl WriteBatch {
         if total >= BATCH_BYTES {
             return Pin::new(io).poll_write_vectored(cx, bufs);
         }
-        if self.buf.capacity() == 0 {
-            self.buf.reserve_exact(BATCH_BYTES);
-        }
+        self.grow_for(total);
         for b in bufs {
             self.buf.extend_from_slice(b);
         }
@@ -83,6 +81,16 @@ impl WriteBatch {
     ) -> Poll<io::Result<()>> {
         ready!(self.poll_send(io, cx))?;
         Pin::new(io).poll_shutdown(cx)
+    }
+
+    /// Room for `more` bytes: doubling, as a `Vec` grows, but never past `BATCH_BYTES`, so
+    /// small replies keep small buffers.
+    fn grow_for(&mut self, more: usize) {
+        let needed = self.buf.len() + more;
+        if needed > self.buf.capacity() {
+            let target = needed.max(2 * self.buf.capacity()).min(BATCH_BYTES);
+            self.buf.reserve_exact(target - self.buf.len());
+        }
     }
 
     fn pending(&self) -> usize {
@@ -200,6 +208,7 @@ mod tests {
             io.writes.len()
         );
         assert!(io.writes.iter().all(|&n| n <= BATCH_BYTES));
+        assert!(batch.buf.capacity() <= BATCH_BYTES);
         assert_eq!(batch.buf.capacity(), 0, "the buffer is released once sent");
     }
 
@@ -223,6 +232,25 @@ mod tests {
         );
         assert!(batch.poll_flush(&mut io, &mut cx).is_ready());
         assert_eq!(io.data, b"trailers");
+    }
+
+    #[test]
+    fn a_small_reply_keeps_a_small_buffer() {
+        let (_, waker) = waker();
+        let mut cx = Context::from_waker(&waker);
+        let (mut batch, mut io) = (WriteBatch::default(), Recorder::default());
+        let reply = vec![3u8; 4096];
+        let bufs = [IoSlice::new(&reply)];
+        assert!(
+            batch
+                .poll_write_vectored(&mut io, &mut cx, &bufs)
+                .is_ready()
+        );
+        assert!(
+            batch.buf.capacity() < 2 * reply.len(),
+            "{}",
+            batch.buf.capacity()
+        );
     }
 
     #[test]
