@@ -28,7 +28,7 @@ from bench.servers import (
 SIZES = {"20 KB": 20 * 1024, "1 MiB": 1024 * 1024}
 CONCURRENCY = (1, 16, 64)
 SERVERS = ("ours", "upstream", "grpcio")
-_FIGURES = ("rps", "p50_us", "p99_us", "mean_us", "cpu_us")
+_FIGURES = ("rps", "p50_us", "p99_us", "mean_us", "cpu_us", "client_cpu_us")
 
 
 def parse_sizes(text: str) -> dict[str, int]:
@@ -126,8 +126,9 @@ def render(results: dict[str, Any]) -> list[str]:
         "",
         "| snapshot | clients | ours req/s | upstream req/s | grpcio req/s | ours/upstream "
         "| ours/grpcio | p50 ms ours / upstream / grpcio | p99 ms ours / upstream / grpcio "
-        "| p99 upstream/ours | server CPU µs/req ours / upstream / grpcio |",
-        "|---|---:|---:|---:|---:|---:|---:|---|---|---:|---|",
+        "| p99 upstream/ours | server CPU µs/req ours / upstream / grpcio "
+        "| client CPU µs/req ours / upstream / grpcio |",
+        "|---|---:|---:|---:|---:|---:|---:|---|---|---:|---|---|",
     ]
     for key, point in results["throughput"]["points"].items():
         size, conc = key.split("|")
@@ -138,17 +139,25 @@ def render(results: dict[str, Any]) -> list[str]:
             f"| {o['p50_us'] / 1000:.2f} / {u['p50_us'] / 1000:.2f} / {g['p50_us'] / 1000:.2f} "
             f"| {o['p99_us'] / 1000:.2f} / {u['p99_us'] / 1000:.2f} / {g['p99_us'] / 1000:.2f} "
             f"| {ratio(u['p99_us'], o['p99_us'])} "
-            f"| {o['cpu_us']:.0f} / {u['cpu_us']:.0f} / {g['cpu_us']:.0f} |"
+            f"| {o['cpu_us']:.0f} / {u['cpu_us']:.0f} / {g['cpu_us']:.0f} "
+            f"| {_client_cpu(o)} / {_client_cpu(u)} / {_client_cpu(g)} |"
         )
     lines += [
         "",
         "Server CPU µs/req is the server process's CPU time (user + system) during the run "
         "divided by the requests it served: it moves less than req/s when other work shares "
-        "the machine.",
+        "the machine. Client CPU µs/req is the load client's, the same way: client and server "
+        "share the two cores, so a server whose replies cost the client more gets fewer of "
+        "them.",
     ]
     memory = results["throughput"]["memory"]
     # Idle memory is read at the 20 KB servers: a run of other sizes has no row 2.
     return lines + (_render_memory(memory) if all("idle" in m for m in memory.values()) else [])
+
+
+def _client_cpu(figures: dict[str, float]) -> str:
+    # Results recorded before the client's CPU was measured lack it.
+    return f"{figures['client_cpu_us']:.0f}" if "client_cpu_us" in figures else "–"
 
 
 def _render_memory(mem: dict[str, Any]) -> list[str]:

@@ -19,6 +19,7 @@ import dataclasses
 import importlib.util
 import json
 import os
+import resource
 import socket
 import subprocess
 import sys
@@ -232,11 +233,19 @@ def check_bytes(port: int, json_info: str) -> None:
         raise RuntimeError(f"server on port {port} did not return the snapshot")
 
 
+def children_cpu_seconds() -> float:
+    """CPU time (user + system) of this process's reaped children so far."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def run_load(client: Path, server: ServerProcess, concurrency: int, args: Any, expect: int) -> dict:
-    """One timed load run of ``rust/bench-client`` against ``server``, with its CPU per call."""
+    """One timed load run of ``rust/bench-client`` against ``server``, with the server's and
+    the client's CPU per call."""
     from bench.common import cpu_seconds
 
     cpu_before = cpu_seconds(server.pid)
+    client_before = children_cpu_seconds()
     out = subprocess.run(
         [
             str(client),
@@ -261,6 +270,8 @@ def run_load(client: Path, server: ServerProcess, concurrency: int, args: Any, e
     # The server also worked through the warm-up; assume it ran at the measured rate.
     served = result["rps"] * (args.duration + args.warmup)
     result["cpu_us"] = (cpu_seconds(server.pid) - cpu_before) * 1e6 / max(served, 1)
+    # The client is the only child reaped meanwhile (the servers outlive the run).
+    result["client_cpu_us"] = (children_cpu_seconds() - client_before) * 1e6 / max(served, 1)
     if result["errors"] or result["wrong_size"] or not result["requests"]:
         raise RuntimeError(f"bad load run against port {server.port}: {out.stdout}")
     return result
