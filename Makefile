@@ -126,7 +126,8 @@ test-sglang-pool:
 		--jobs $(SGLANG_TEST_JOBS) --wheel-dir $(WHEEL_DIR)
 
 # Every benchmark row once with tiny durations, nothing written: keeps `make benchmark` from
-# rotting (runs after test-registered, whose cached SGLang envs rows 4 and 5 use).
+# rotting (runs after test-registered, whose cached SGLang envs rows 4, 5, 7 and 8 use; row 8
+# launches one SGLang node per side, about a minute).
 benchmark-smoke: install
 	$(PY) scripts/benchmark.py --smoke
 

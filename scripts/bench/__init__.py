@@ -25,18 +25,28 @@ generated from the figures of the run.
 7. Leader ``GetServerInfo`` per call on 0.5.22+: SGLang's real ``RuntimeHandle.get_server_info``
    with the overlay's builder hook, rebuilt on every call (the path before the reply was
    cached) vs the overlay's cached text, alternating in one process of the SGLang env.
+8. Serving cost on SGLang's real schedulers: one leader node (``test-registered``'s harness,
+   the CPU test platform, the tiny model) with this plugin allowed vs stock, one launch at a
+   time in interleaved rounds (``--serving-rounds``), beside a noise floor measured the same
+   way with both sides stock: launch to ready, a fixed streamed ``/generate`` workload
+   (``--serving-requests``; throughput, latency, time to first token), the delay from a
+   request's first token to its KV-event batch, the node's CPU time, and the engine's and
+   schedulers' RSS. A launch that other processes disturbed is run again (a bounded number
+   of times).
 
-``--service-shape`` runs only row 6, ``--plugin-cost`` only row 5 and ``--leader-info`` only
-row 7, and print it (nothing written).
+``--service-shape`` runs only row 6, ``--plugin-cost`` only row 5, ``--leader-info`` only
+row 7 and ``--serving`` only row 8, and print it (nothing written).
 
-``--smoke`` (``make test``) runs every row once, in well under a minute: tiny durations, one
-client per load point, every supervisor measurement of ours but only upstream's spawn (each
-upstream sidecar child imports SGLang), the plugin row without the engine pre-imports (its
-figures mean nothing there), nothing written; exit 1 if a row failed.
+``--smoke`` (``make test``) runs every row once: tiny durations, one client per load point,
+every supervisor measurement of ours but only upstream's spawn (each upstream sidecar child
+imports SGLang), the plugin row without the engine pre-imports (its figures mean nothing
+there), one launch per side of the serving row with a few requests and no noise floor (about
+a minute of the run), nothing written; exit 1 if a row failed.
 
 One module per row (``load`` holds rows 1 and 2, which one measurement produces); the rows
-that run inside SGLang (4, 5, 7) take the SGLang environment as a parameter (``common.SglangEnv``),
-and the programs they run there are modules of this package (``plugin_load``,
-``leader_reply``), as are the server and first-call children (``serve``, ``first_call``).
+that run inside SGLang (4, 5, 7, 8) take the SGLang environment as a parameter
+(``common.SglangEnv``), and the programs they run there are modules of this package
+(``plugin_load``, ``leader_reply``, ``serving_launch``), as are the server and first-call
+children (``serve``, ``first_call``).
 Downloads go to the scripts' cache (``$SGLANG_OVERLAY_CACHE/bench``).
 """

@@ -11,7 +11,16 @@ from pathlib import Path
 from typing import Any
 
 import bench
-from bench import leader_info, load, plugin_cost, report, service_shape, sidecar, startup
+from bench import (
+    leader_info,
+    load,
+    plugin_cost,
+    report,
+    service_shape,
+    serving,
+    sidecar,
+    startup,
+)
 from bench.common import ROOT, SglangEnv, find_sglang_env, machine
 from bench.servers import build_client, upstream_grpc_extension
 
@@ -34,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--sidecar-stop-runs", type=int, default=5)
     parser.add_argument("--sidecar-shutdown-timeout", type=float, default=2.0)
     parser.add_argument("--plugin-runs", type=int, default=9)
-    parser.add_argument("--sglang-python", help="Python with SGLang installed (rows 4, 5, 7)")
+    parser.add_argument("--sglang-python", help="Python with SGLang installed (rows 4, 5, 7, 8)")
     parser.add_argument("--output", type=Path, default=ROOT / "docs" / "benchmark-results.md")
     parser.add_argument("--no-write", action="store_true")
     parser.add_argument(
@@ -60,6 +69,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--leader-info", action="store_true", help="run only row 7 and print it (no write)"
     )
     parser.add_argument("--leader-calls", type=int, default=200, help="calls per round, row 7")
+    parser.add_argument(
+        "--serving", action="store_true", help="run only row 8 and print it (no write)"
+    )
+    parser.add_argument("--serving-rounds", type=int, default=3, help="rounds of launches, row 8")
+    parser.add_argument(
+        "--serving-requests", type=int, default=serving.REQUESTS, help="requests per launch, row 8"
+    )
     return parser
 
 
@@ -68,15 +84,18 @@ def settings(argv: list[str] | None = None) -> argparse.Namespace:
     args = build_parser().parse_args(argv)
     args.concurrency = load.parse_clients(args.clients)
     args.sizes = load.parse_sizes(args.sizes)
+    args.serving_noise = True
     if args.quick:
         args.rounds, args.duration, args.warmup = 1, 0.5, 0.2
         args.startup_runs, args.sidecar_runs, args.sidecar_stop_runs = 3, 3, 1
-        args.plugin_runs = 1
+        args.plugin_runs, args.serving_rounds = 1, 1
     if args.smoke:
         args.rounds, args.duration, args.warmup = 1, 0.2, 0.05
         args.startup_runs, args.sidecar_runs, args.sidecar_stop_runs = 1, 1, 1
         args.sidecar_shutdown_timeout, args.concurrency = 0.5, (1,)
         args.plugin_runs, args.leader_calls, args.no_write = 1, 20, True
+        # One launch per side, a few requests, no noise pair: it proves the row runs.
+        args.serving_rounds, args.serving_requests, args.serving_noise = 1, 8, False
     return args
 
 
@@ -97,12 +116,25 @@ def public_argv(argv: list[str]) -> list[str]:
     return out
 
 
+def measure_serving(env: SglangEnv | None, args: argparse.Namespace) -> dict[str, Any]:
+    # The smoke pass proves the row runs: a launch disturbed by other load is not run again.
+    return serving.measure(
+        env, args.serving_rounds, args.serving_requests, args.serving_noise, repeats=not args.smoke
+    )
+
+
 def _one_row(args: argparse.Namespace) -> bool:
     """Run the single row asked for, print it; False when every row is to run."""
-    if args.leader_info or args.plugin_cost:
+    if args.leader_info or args.plugin_cost or args.serving:
         env, source = find_sglang_env(args.sglang_python)
         described = env.describe() if env else source
-        if args.leader_info:
+        if args.serving:
+            print(f"8. serving cost ({described})", flush=True)
+            row = {"serving": measure_serving(env, args)}
+            print("\n".join(serving.render(row)))
+            if args.smoke and failed_rows(row):
+                raise SystemExit(f"benchmark smoke: row 8 failed: {row['serving']['error']}")
+        elif args.leader_info:
             print(f"7. leader GetServerInfo ({described})", flush=True)
             row = {"leader_info": leader_info.measure(env, args.leader_calls)}
             print("\n".join(leader_info.render(row)))
@@ -128,7 +160,7 @@ def _one_row(args: argparse.Namespace) -> bool:
 
 
 def run_rows(args: argparse.Namespace, env: SglangEnv | None, source: str) -> dict[str, Any]:
-    """Every row, in order; rows 4, 5 and 7 run in ``env``."""
+    """Every row, in order; rows 4, 5, 7 and 8 run in ``env``."""
     extension, client = str(upstream_grpc_extension()), build_client()
     results: dict[str, Any] = {
         "machine": machine(),
@@ -149,6 +181,8 @@ def run_rows(args: argparse.Namespace, env: SglangEnv | None, source: str) -> di
     results["service_shape"] = service_shape.measure(client, extension, args)
     print("7. leader GetServerInfo, rebuilt per call vs cached", flush=True)
     results["leader_info"] = leader_info.measure(env, args.leader_calls)
+    print("8. serving cost, overlay vs stock on SGLang's real schedulers", flush=True)
+    results["serving"] = measure_serving(env, args)
     return results
 
 

@@ -9,10 +9,11 @@ show its signature.
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Any
 
-from bench import leader_info, load, plugin_cost, service_shape, sidecar, startup
+from bench import leader_info, load, plugin_cost, service_shape, serving, sidecar, startup
 from bench.common import median, ms
 from bench.servers import GRPCIO_WORKERS, UPSTREAM_RELEASE
 
@@ -33,6 +34,7 @@ def render(results: dict[str, Any], command: str) -> str:
     lines += plugin_cost.render(results)
     lines += service_shape.render(results)
     lines += leader_info.render(results)
+    lines += serving.render(results)
     lines += conclusions(results)
     lines += ["", "## Raw results", "", "```json", json.dumps(results, indent=1), "```", ""]
     return "\n".join(lines)
@@ -146,15 +148,30 @@ def _large_snapshots(points: dict[str, Any]) -> str | None:
             else " Its server CPU per request was not the lowest at every 1 MiB point."
         )
     )
-    most = big[-1]
-    behind = _over(points, "1 MiB", most, "upstream")
-    if behind < 1:
-        text += (
-            f" Upstream was ahead at 1 MiB × {most} clients ({1 / behind:.2f}× ours); untried "
-            "candidates there: one tokio worker instead of two on a 2-core machine (fewer "
-            "cross-thread wake-ups) and larger HTTP/2 windows."
-        )
-    return text
+    return text + "".join(_trailing(points, c) for c in big)
+
+
+def _trailing(points: dict[str, Any], clients: int) -> str:
+    """Where ours trails a peer at 1 MiB: whose CPU each reply cost, the server's or the
+    client's (they share the cores)."""
+    behind = [p for p in ("grpcio", "upstream") if _over(points, "1 MiB", clients, p) < 1]
+    if not behind:
+        return ""
+    figure = functools.partial(_figure, points, "1 MiB", clients)
+    point = points[load.point_key("1 MiB", clients)]
+    if not all("client_cpu_us" in point[kind] for kind in load.SERVERS):
+        return f" At {clients} clients ours trailed {' and '.join(behind)}."
+    cells = "; ".join(
+        f"{kind} {figure(kind, 'cpu_us'):.0f} µs server + {figure(kind, 'client_cpu_us'):.0f} µs "
+        "client"
+        for kind in ("ours", *behind)
+    )
+    return (
+        f" At {clients} clients ours trailed {' and '.join(behind)} (CPU per reply: {cells}). "
+        "The load client has one thread: when replies arrive on many connections at once it "
+        "interleaves them, and each costs it more than the same reply trickling in from a "
+        "slower server."
+    )
 
 
 def _one_client(points: dict[str, Any]) -> str | None:
