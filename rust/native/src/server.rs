@@ -40,9 +40,9 @@ const MAX_PENDING_ACCEPT_RESETS: usize = 20;
 
 #[derive(Debug, Clone)]
 pub struct ServerOptions {
-    /// One by default: a follower's server shares its host with inference, and on the 2-core
-    /// benchmark machine one worker served more calls than two at 20 KB and 1 MiB (its
-    /// connections' writes are batched, so one thread keeps up; `docs/benchmark-results.md`).
+    /// Two by default. One was tried on the 2-core benchmark machine (with batched writes):
+    /// better at 20 KB × 16 clients, worse at 20 KB × 64 and at 1 MiB, within run-to-run noise
+    /// of ±25%, so the default stayed.
     pub worker_threads: usize,
     /// How long in-flight calls may finish after shutdown begins before connections are cut.
     pub shutdown_grace: Duration,
@@ -56,7 +56,7 @@ pub struct ServerOptions {
 impl Default for ServerOptions {
     fn default() -> Self {
         Self {
-            worker_threads: 1,
+            worker_threads: 2,
             shutdown_grace: Duration::from_millis(500),
             limits: Limits::default(),
             implementation: Implementation::default(),
