@@ -145,18 +145,22 @@ def _one_row(args: argparse.Namespace) -> bool:
             print("\n".join(plugin_cost.render(row)))
         return True
     if args.load:
-        extension, client = str(upstream_grpc_extension()), build_client()
-        print("1-2. GetServerInfo load (ours / upstream / grpcio), memory", flush=True)
-        rows = {"throughput": load.measure(client, extension, args)}
-        print("\n".join(load.render(rows)))
+        title = "1-2. GetServerInfo load (ours / upstream / grpcio), memory"
+        _print_load_row(title, load, "throughput", args)
         return True
     if args.service_shape:
-        extension, client = str(upstream_grpc_extension()), build_client()
-        print("6. hand-framed vs generated GetServerInfo service", flush=True)
-        shape = {"service_shape": service_shape.measure(client, extension, args)}
-        print("\n".join(service_shape.render(shape)))
+        title = "6. hand-framed vs generated GetServerInfo service"
+        _print_load_row(title, service_shape, "service_shape", args)
         return True
     return False
+
+
+def _print_load_row(title: str, row: Any, key: str, args: argparse.Namespace) -> None:
+    """Runs a row measured with the load client (``load`` or ``service_shape``), its results
+    under ``key`` as the full run keeps them, and prints it."""
+    extension, client = str(upstream_grpc_extension()), build_client()
+    print(title, flush=True)
+    print("\n".join(row.render({key: row.measure(client, extension, args)})))
 
 
 def run_rows(args: argparse.Namespace, env: SglangEnv | None, source: str) -> dict[str, Any]:
