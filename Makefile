@@ -15,10 +15,10 @@ SGLANG_RELEASES ?= ci
 SGLANG_TEST_JOBS ?= 3
 
 .PHONY: venv build-dev wheel install lint rust-check python-lint type-check stub-check test \
-	test-build-and-unit test-series sglang-envs series-tests test-sglang-pool test-unit \
-	test-registered \
-	benchmark-smoke selftest benchmark hostile fresh-venv-check sdist-check patches-check \
-	patches-lint patched-wheel test-patched test-sglang demo stress clean
+	test-build test-unit-and-venv test-series sglang-envs series-tests test-sglang-pool test-unit \
+	test-registered benchmark-smoke benchmark-smoke-installed selftest benchmark hostile \
+	fresh-venv-check fresh-venv-check-built sdist-check patches-check patches-lint patched-wheel \
+	test-patched test-sglang demo stress clean
 
 venv: $(PY)
 $(PY):
@@ -93,15 +93,21 @@ test-registered:
 	$(PY) scripts/sglang_envs.py test --releases $(SGLANG_RELEASES) --jobs $(SGLANG_TEST_JOBS) \
 		--wheel-dir $(WHEEL_DIR)
 
-# Two jobs side by side first: the Rust build, the wheel and the unit tier (one core's work at a
-# time), and the SGLang tier's cached envs (downloads and installs, built only when missing);
-# then the rest in order. The first job's steps keep their order (-j1).
+# Two jobs side by side first: the Rust checks and the wheel (one core's work at a time), and
+# the SGLang tier's cached envs (downloads and installs, built only when missing) with the
+# upstream series' checks; then the SGLang sessions, with the unit tier and the fresh-venv
+# check beside them (one core's work, while the sessions' nodes often wait); then the
+# benchmark's smoke pass alone. Each job's steps keep their order (-j1).
 test:
-	$(MAKE) --no-print-directory -j2 --output-sync=line test-build-and-unit test-series
-	$(MAKE) --no-print-directory -j1 test-sglang-pool benchmark-smoke
+	$(MAKE) --no-print-directory -j2 --output-sync=line test-build test-series
+	$(MAKE) --no-print-directory -j2 --output-sync=line test-sglang-pool test-unit-and-venv
+	$(MAKE) --no-print-directory -j1 benchmark-smoke-installed
 
-test-build-and-unit:
-	$(MAKE) --no-print-directory -j1 rust-check install python-lint test-unit fresh-venv-check
+test-build:
+	$(MAKE) --no-print-directory -j1 rust-check install python-lint
+
+test-unit-and-venv:
+	$(MAKE) --no-print-directory -j1 test-unit fresh-venv-check-built
 
 # What needs no project wheel: the SGLang envs, then the upstream series checked, linted and
 # its own tests run on the rebuilt wheel.
@@ -128,7 +134,10 @@ test-sglang-pool:
 # Every benchmark row once with tiny durations, nothing written: keeps `make benchmark` from
 # rotting (runs after test-registered, whose cached SGLang envs rows 4, 5, 7 and 8 use; row 8
 # launches one SGLang node per side, about a minute).
-benchmark-smoke: install
+benchmark-smoke: install benchmark-smoke-installed
+
+# The same on the wheel already installed (`make test` built and installed it before the pool).
+benchmark-smoke-installed:
 	$(PY) scripts/benchmark.py --smoke
 
 # The upstream patch series (patches/): apply it to the released SGLang tree with git am,
@@ -175,7 +184,11 @@ hostile: install
 # The wheel from the sdist, installed alone into a fresh virtualenv: the selftest must pass
 # with nothing but its declared dependencies.
 FRESH_VENV := .fresh-venv
-fresh-venv-check: wheel
+fresh-venv-check: wheel fresh-venv-check-built
+
+# The same with the wheel already built (`make test` builds it before the SGLang sessions, which
+# install it at the same time: no rebuild under them).
+fresh-venv-check-built:
 	rm -rf $(FRESH_VENV)
 	$(PYTHON) -m venv $(FRESH_VENV)
 	$(FRESH_VENV)/bin/pip install --quiet $(WHEEL_DIR)/*.whl
