@@ -16,8 +16,12 @@ The first launch also shows the follower that owns no publisher: it answers ``[]
 "this node owns no publisher"), and NVIDIA Dynamo's released sidecar, asked for with
 ``--sidecar dynamo.sglang.sidecar --sidecar-on-followers``, never starts there. The second
 launch drops ``--sidecar-on-followers``: the follower logs that the sidecar runs on the leader
-only, and starts none. It ends with the follower's schedulers killed: its health goes SERVING,
-NOT_SERVING, then the server closes.
+only, and starts none. Its follower is ``launch_server`` itself (SGLang's blocking follower
+branch), and it ends with the follower's scheduler SIGKILLed while the follower serves: its
+health goes SERVING, NOT_SERVING, then the server closes; no local scheduler is left to send
+SGLang's SIGQUIT, so SGLang's follower branch would log the exit and return 0, and the overlay
+fails the node naming the scheduler and the signal, with no process of the node left (a row
+of the fault table, beside ``faults/test_launch_faults.py``'s).
 """
 
 import re
@@ -26,7 +30,7 @@ import unittest
 
 import jsonschema
 from overlay_harness import dynamo, nodes, probes
-from overlay_harness.checks import NodeInfoChecks, report_launch
+from overlay_harness.checks import NodeInfoChecks, report_fault, report_launch
 from overlay_harness.group import EngineGroup
 from overlay_harness.testcase import NodesTestCase
 from sglang.test.ci.ci_register import register_cpu_ci
@@ -45,6 +49,7 @@ RELEASE = tuple(
 )
 WATCH_ENGINE_STATE = RELEASE >= (0, 5, 23)
 REVISION_DEADLINE = 30.0
+CLEAN_DEADLINE = 90.0
 # Logged by a follower given --sidecar without --sidecar-on-followers (the series capitalizes).
 LEADER_ONLY = f"--sidecar {dynamo.DYNAMO} runs on the leader only"
 
@@ -60,11 +65,15 @@ class TestRelaunchIncarnation(NodesTestCase, NodeInfoChecks):
             group.launch(0),
             group.launch(1, sidecar=dynamo.DYNAMO, sidecar_args=follower_args),
         ]
+        roles = [None, "blocking-follower" if last else None]
         began = time.time()
         launched = time.monotonic()
-        with nodes.running(*launches, log_dir=self.workdir) as started:
-            for node in started:
-                node.expect_ready()
+        with nodes.running(*launches, roles=roles, log_dir=self.workdir) as started:
+            started[0].expect_ready()
+            if last:
+                started[1].wait_serving()
+            else:
+                started[1].expect_ready()
             report_launch("two nodes, TP 2", started, launched)
             ready_at = time.time()
             infos = [node.server_info() for node in started]
@@ -85,8 +94,22 @@ class TestRelaunchIncarnation(NodesTestCase, NodeInfoChecks):
             else:
                 self.assertIn(LEADER_ONLY, log.lower())
                 self.assertNotIn("owns no KV-event publisher", log)
-                self.assert_follower_lifecycle(started[1])
+                self.assert_scheduler_death_fails_the_follower(started[1])
         return infos, began, ready_at
+
+    def assert_scheduler_death_fails_the_follower(self, follower: nodes.Node) -> None:
+        (scheduler,), killed_at = self.assert_follower_lifecycle(follower)
+        event = follower.ready(timeout=CLEAN_DEADLINE)
+        self.assertEqual(event["event"], "error", event)
+        self.assertIn(f"scheduler process {scheduler} (signal SIGKILL)", event["error"])
+        follower.proc.wait(timeout=CLEAN_DEADLINE)
+        self.assertNotEqual(follower.proc.returncode, 0, follower.log_tail())
+        follower.wait_gone(CLEAN_DEADLINE)
+        report_fault(
+            "the follower's scheduler SIGKILLed while the follower serves",
+            f"exit {follower.proc.returncode}: {event['error'][:160]}",
+            time.monotonic() - killed_at,
+        )
 
     def paired_snapshot(self, leader: nodes.Node, info: dict) -> int:
         """The leader's current ``WatchEngineState`` snapshot embeds this launch's incarnation;

@@ -57,26 +57,27 @@ class NodeInfoChecks:
                         self.assertIsNotNone(refused, f"{other.name} reached {endpoint}")
                         print(f"{endpoint} of {owner.name}: from {other.name} {refused}")
 
-    def assert_follower_lifecycle(self, node: Node):
+    def assert_follower_lifecycle(self, node: Node) -> tuple[list[int], float]:
         """SERVING while the schedulers live; NOT_SERVING then closed once they are gone
-        (kills the node's schedulers)."""
+        (kills the node's schedulers); (the schedulers killed, when)."""
         if differences.differs(differences.FOLLOWER_HEALTH):
             # Upstream's follower server answers GetServerInfo but serves no health service.
             self.assertEqual(node.health_or_error(), "UNIMPLEMENTED")
-            kill_schedulers(node)
-            return
+            return kill_schedulers(node), time.monotonic()
         self.assertEqual(node.health(), nodes.SERVING)
         watch = node.watch_health()
         try:
             # The watch is live before the kill: its first status cannot race the watcher.
             self.assertEqual(watch.first_status(), nodes.SERVING)
-            kill_schedulers(node)
+            killed = kill_schedulers(node)
+            killed_at = time.monotonic()
             seen = watch.statuses_until(nodes.NOT_SERVING)
         finally:
             watch.close()
         self.assertEqual(seen[0], nodes.SERVING)
         self.assertEqual(seen[-1], nodes.NOT_SERVING)
         nodes.wait_for(lambda: node.health() is None, 60, "the server to stop")
+        return killed, killed_at
 
 
 def report_fault(fault: str, outcome: str, seconds: float) -> None:
@@ -119,8 +120,28 @@ def alive(pid: int) -> bool:
     return stat is not None and stat.state != "Z"
 
 
-def kill_schedulers(node: Node) -> None:
-    """SIGKILL the child processes the node reported ready with (its schedulers)."""
-    for pid in node.event["pids"]:
+def spawned_children(pid: int) -> list[int]:
+    """Live child processes of ``pid`` other than ``multiprocessing``'s resource tracker (on a
+    follower: its schedulers). Not by ``spawn_main`` in the command line: on 0.5.19 a
+    scheduler's process title replaces it."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        stat = proctree.read_stat(int(entry.name))
+        if stat is None or stat.ppid != pid or stat.state == "Z":
+            continue
+        with contextlib.suppress(OSError):
+            if b"resource_tracker" not in (entry / "cmdline").read_bytes():
+                found.append(int(entry.name))
+    return found
+
+
+def kill_schedulers(node: Node) -> list[int]:
+    """SIGKILL the node's schedulers: the child processes it reported ready with, or, for a
+    node without a ready event (``blocking-follower``), its spawned children; their pids."""
+    pids = node.event["pids"] if node.event is not None else spawned_children(node.proc.pid)
+    for pid in pids:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
+    return pids

@@ -29,6 +29,13 @@ from sglang_sidecar_overlay.sidecar import proctree
 from overlay_harness import inside, probes
 from overlay_harness.group import EngineGroup, Launch
 
+# SGLang's diagnostics on its crash path (SIGQUIT): a py-spy dump of the schedulers, then a
+# 60 s wait for CUDA coredumps (0.5.22+). Nothing here has CUDA, and no test reads a dump:
+# off on every node, so a node brought down on purpose is gone in seconds.
+NO_CRASH_DIAGNOSTICS = {
+    "SGLANG_PYSPY_DUMP_BEFORE_CRASH": "0",
+    "SGLANG_CUDA_COREDUMP_BEFORE_CRASH": "0",
+}
 TAG_ENV = "SGLANG_OVERLAY_TEST_NODE_TAG"
 # Importing SGLang takes tens of seconds per process on a loaded 2-core machine, and a group's
 # nodes import theirs at the same time.
@@ -119,6 +126,7 @@ class Node:
         self.log_path = log_dir / f"{name}-{self.tag[:8]}.log"
         self.event: dict | None = None
         env = inside.harness_environ()
+        env.update(NO_CRASH_DIAGNOSTICS)
         # A launch's own environment may restrict the plugins further (a stock node).
         env[entry_point.SGLANG_PLUGINS_ENV] = plugin_allow_list()
         env.update(launch.environ)

@@ -11,14 +11,18 @@ provider sees its argv.
 With ``--sidecar-restart on-failure --sidecar-max-restarts 1``: a killed provider is started
 again (a new process that reads the node's metadata again) while the node keeps serving; killed
 once more, the budget is spent and the node goes down the way upstream's watchdog brings it down
-(SIGQUIT). The crash-loop variant (a provider that exits at once, every time) is in
-``faults/test_launch_faults.py``.
+(SIGQUIT). That last kill is the path a killed provider takes under the default policy
+(``never``), whose refusal to restart the supervisor's unit tests show
+(``tests/sidecar/test_lifecycle.py``); it has no launch of its own. The crash-loop variant (a
+provider that exits at once, every time) is in ``faults/test_launch_faults.py``.
 """
 
 import contextlib
 import json
 import os
 import signal
+import sys
+import time
 import unittest
 import uuid
 from pathlib import Path
@@ -27,9 +31,11 @@ from overlay_harness import nodes
 from overlay_harness.group import EngineGroup
 from overlay_harness.testcase import NodesTestCase
 from sglang.test.ci.ci_register import register_cpu_ci
+from sglang_sidecar_overlay import releases
 
 register_cpu_ci(est_time=22, suite="base-a-test-cpu")
 
+RELEASE = releases.installed_sglang_version() or ""
 PROVIDER = "overlay_harness.providers.kv_probe"
 RESTART = ["--sidecar-restart", "on-failure", "--sidecar-max-restarts", "1"]
 EVENT_DEADLINE = 120.0
@@ -82,7 +88,12 @@ class TestRestartPolicy(NodesTestCase):
             self.assertEqual(node.server_info()["node_rank"], 0)
 
             os.kill(second["pid"], signal.SIGKILL)
+            killed_at = time.monotonic()
             node.proc.wait(timeout=STOP_DEADLINE)
+            sys.stderr.write(
+                f"[{RELEASE}] node down {time.monotonic() - killed_at:.2f} s after the provider "
+                "was killed with no restart left\n"
+            )
             self.assertNotEqual(node.proc.returncode, 0)
             log = node.log_text()
             self.assertEqual(log.count("restarting in"), 1, node.log_tail())
