@@ -12,8 +12,10 @@ Each node runs ``--sidecar dynamo.sglang.sidecar`` (ai-dynamo 1.6.1) under the o
 supervisor: leader mode on node 0 (it registers ``dynamo.backend.generate``), relay mode on
 node 1 (``--sidecar-on-followers``: it relays rank 1's events under the leader's worker).
 The ``dp_size`` switch is not set: the overlay turns it on for this consumer by itself.
-Dynamo's standalone router (``python -m dynamo.router``) runs on the leader's host, with file
-discovery, TCP requests and ZMQ events: no etcd, no NATS.
+Dynamo's OpenAI frontend (``python -m dynamo.frontend --router-mode kv``), where users'
+requests enter, and its standalone router (``python -m dynamo.router``), the oracle of what
+the events told a router, run on the leader's host, with file discovery, TCP requests and ZMQ
+events: no etcd, no NATS.
 
 In order (the last one takes the group down):
 1. each node lists its own rank's source; each advertised loopback endpoint delivers a live
@@ -24,10 +26,13 @@ In order (the last one takes the group down):
    returns the same batches, byte for byte;
 3. ``sglang-sidecar-overlay probe --listen`` and ``--watch`` on the follower see those events;
 4. ``probe --group`` on the leader's host passes, and names the follower when it is left out;
-5. the router sees every rank: a prompt served on rank 1 scores its pages on (worker, rank 1)
-   and none on rank 0, and the other way round; the first prompt sent unpinned through the
-   router's ``generate`` goes to rank 1 (on the follower node) and is served from its cache,
-   a second one to rank 0;
+5. the seed's measurements through Dynamo's OpenAI frontend (``dynamo.frontend``, KV router
+   mode, on the leader's host; the tokenizer its model card needs is built at test time,
+   ``overlay_harness.tokenizer``) with the router as the oracle (``overlay_harness.seed_checks``):
+   40 requests of 128 tokens in and 64 out, 4 at a time, all served; per rank, two requests
+   pinned to it and seven unpinned repeats, each routed to the rank that holds its prefix and
+   served from its cache (rank 1's on the follower node); each rank's pinned prompt scored on
+   that rank and no other (its ``BlockStored`` events reached the router);
 6. the next Dynamo release (1.7, from an env of its own) beside the supervised 1.6.1 sidecars,
    on the same launch and with the switch still unset: its sidecar on both nodes and its
    router register exactly ranks 0 and 1, see each rank's pinned prompt on that rank, route
@@ -53,9 +58,9 @@ import unittest
 from pathlib import Path
 from unittest import mock
 
-from overlay_harness import differences, dynamo, kv_events, nodes, probes
+from overlay_harness import differences, dynamo, kv_events, nodes, probes, seed_checks, tokenizer
 from overlay_harness.checks import NodeInfoChecks, report_launch
-from overlay_harness.group import PAGE_SIZE, EngineGroup
+from overlay_harness.group import PAGE_SIZE, TINY_MODEL, EngineGroup
 from overlay_harness.testcase import NodesTestCase
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang_sidecar_overlay import releases
@@ -123,12 +128,17 @@ class TestTwoNodeGroup(NodesTestCase, NodeInfoChecks):
                     os.environ, dynamo.consumer_environ(cls.workdir, legacy=None), clear=True
                 )
             )
+            # The tokenizer Dynamo's frontend needs in the model card (SGLang keeps
+            # --skip-tokenizer-init: requests carry token ids).
+            built = tokenizer.build(TINY_MODEL, cls.workdir / "tokenizer")
+            tokenizer_args = ["--tokenizer-path", str(built)]
             follower = cls.group.launch(
                 1,
                 sidecar=dynamo.DYNAMO,
                 sidecar_args=dynamo.sidecar_args(
                     follower=True, endpoint=cls.group.grpc_endpoint(1)
                 ),
+                extra=tokenizer_args,
             )
             leader = cls.group.launch(
                 0,
@@ -136,7 +146,7 @@ class TestTwoNodeGroup(NodesTestCase, NodeInfoChecks):
                 sidecar_args=dynamo.sidecar_args(
                     follower=False, endpoint=cls.group.grpc_endpoint(0)
                 ),
-                extra=dynamo.LEADER_ARGS,
+                extra=[*dynamo.LEADER_ARGS, *tokenizer_args],
             )
             # Follower first: it waits for its leader in the rendezvous, as in production.
             began = time.monotonic()
@@ -157,7 +167,15 @@ class TestTwoNodeGroup(NodesTestCase, NodeInfoChecks):
             cls.infos = [node.server_info() for node in cls.nodes]
             cls.router = dynamo.Router(cls.leader.host, PAGE_SIZE, cls.workdir / "router.log")
             cls._stack.callback(cls.router.stop)
+            cls.frontend = dynamo.Frontend(
+                cls.leader.host, cls.leader.address, cls.workdir / "home",
+                cls.workdir / "frontend.log",
+            )  # fmt: skip
+            cls._stack.callback(cls.frontend.stop)
         except BaseException:
+            # The nodes' logs say why, before the stack stops them.
+            nodes.print_logs([getattr(cls, name) for name in ("leader", "follower")
+                              if hasattr(cls, name)])  # fmt: skip
             cls._stack.close()
             raise
 
@@ -272,38 +290,22 @@ class TestTwoNodeGroup(NodesTestCase, NodeInfoChecks):
         )
         self.assertIn("nnodes=2 but 1 address(es) were given", errors["nnodes"])
 
-    def test_5_the_router_sees_and_uses_every_rank(self):
-        on_rank = {1: kv_events.prompt(), 0: kv_events.prompt()}
-        pages = len(kv_events.stored_prompt_pages(on_rank[1], NEW_TOKENS))
-        before = {rank: self.router.wait_for_ranks({0, 1}, p) for rank, p in on_rank.items()}
-        self.assertEqual(before, {1: {0: 0, 1: 0}, 0: {0: 0, 1: 0}})
-        scores = {}
-        for rank, prompt in on_rank.items():
-            self.leader.generate(prompt, NEW_TOKENS, rank)
-            other = 1 - rank
-            scores[rank] = nodes.wait_for(
-                lambda p=prompt, r=rank: (s := self.router.overlap(p))[r] == pages and s,
-                dynamo.ROUTER_DEADLINE,
-                f"the router to see the prompt's {pages} pages on rank {rank}",
-            )
-            self.assertEqual(scores[rank], {rank: pages, other: 0})
-        sys.stderr.write(
-            f"[{RELEASE}] overlap scores before: {before}; after each pinned prompt: {scores}\n"
-        )
-        routed = {rank: self.router.generate(p, NEW_TOKENS) for rank, p in on_rank.items()}
-        reused = kv_events.reused_tokens(on_rank[1])
-        for rank, result in routed.items():
-            self.assertEqual(result["prefill_dp_rank"], rank, result)
-            self.assertEqual(result["cached_tokens"], reused, result)
-        # Rank 1's prefill ran on the follower node, from its cache.
-        cached = f"#cached-token: {reused}"
+    def test_5_the_seed_measurements_through_dynamos_frontend(self):
+        targets = seed_checks.registered_targets(self.router, 2)
+        self.assertEqual([rank for _worker, rank in targets], [0, 1])
+        self.frontend.wait_for_model()
+        measured = seed_checks.measure("2. attention DP aggregate, 2 nodes", self.frontend,
+                                       self.router, targets)  # fmt: skip
+        measured.report()
+        measured.assert_seed_pass()
+        # Rank 1's prefills ran on the follower node, from its cache.
+        cached = f"#cached-token: {kv_events.reused_tokens([0] * seed_checks.INPUT_TOKENS)}"
         self.assertTrue(
             any(
                 "TP1]" in line and cached in line for line in self.follower.log_text().splitlines()
             ),
             f"no '{cached}' prefill logged by rank 1 on the follower",
         )
-        sys.stderr.write(f"[{RELEASE}] routed through the router's generate: {routed}\n")
 
     def test_6_the_next_dynamo_registers_every_rank_with_no_switch_set(self):
         nodes = [(node.host, self.target(node_rank)) for node_rank, node in enumerate(self.nodes)]

@@ -25,7 +25,7 @@ import sys
 import uuid
 from pathlib import Path
 
-from overlay_harness import differences, dynamo_client, inside, netns
+from overlay_harness import differences, dynamo_client, inside, netns, ports, probes
 from overlay_harness.nodes import wait_for
 
 DYNAMO = "dynamo.sglang.sidecar"
@@ -42,6 +42,8 @@ ROUTER_GENERATE = "dynamo.router.generate"
 # The leader's flag the released sidecar checks in server info.
 LEADER_ARGS = ["--incremental-streaming-output"]
 ROUTER_DEADLINE = 180.0
+# A batch of requests through the frontend: 40 of 64 tokens, 4 at a time, on a loaded machine.
+REQUESTS_DEADLINE = 900.0
 STOP_DEADLINE = 20.0
 NEXT_CONSUMERS_ENV = "SGLANG_OVERLAY_TEST_DYNAMO_PYTHONS"
 
@@ -171,6 +173,11 @@ class Router(DynamoProcess):
         (scores,) = self.call(OVERLAP_SCORES, {"token_ids": token_ids})
         return {worker["dp_rank"]: worker["device_blocks"] for worker in scores["workers"]}
 
+    def target_scores(self, token_ids: list[int]) -> dict[tuple[int, int], int]:
+        """Matched device blocks per (worker id, DP rank) target, as the router sees them."""
+        (scores,) = self.call(OVERLAP_SCORES, {"token_ids": token_ids})
+        return {(w["worker_id"], w["dp_rank"]): w["device_blocks"] for w in scores["workers"]}
+
     def wait_for_ranks(self, ranks: set[int], token_ids: list[int]) -> dict[int, int]:
         """The overlap scores once the router knows exactly ``ranks``."""
         return wait_for(
@@ -203,21 +210,126 @@ class Router(DynamoProcess):
     def generate(self, token_ids: list[int], max_tokens: int) -> dict:
         """One request through the router's ``generate``, unpinned: the DP rank it was routed
         to and the cached tokens the engine reported."""
-        request = {
-            "token_ids": token_ids,
-            "stop_conditions": {"max_tokens": max_tokens, "ignore_eos": True},
-            "sampling_options": {"temperature": 0.0},
-        }
-        items = self.call(ROUTER_GENERATE, request)
-        routed = next(i["routing_data"]["worker_id"] for i in items if "routing_data" in i
-                      and "worker_id" in (i["routing_data"] or {}))  # fmt: skip
-        usage = next(i["completion_usage"] for i in items if i.get("completion_usage"))
-        return {
-            "prefill_dp_rank": routed["prefill_dp_rank"],
-            "decode_dp_rank": routed["decode_dp_rank"],
-            "cached_tokens": usage["prompt_tokens_details"]["cached_tokens"],
-            "prompt_tokens": usage["prompt_tokens"],
-        }
+        return routed_request(self.call(ROUTER_GENERATE, generate_request(token_ids, max_tokens)))
+
+    def generate_many(
+        self,
+        prompts: list[list[int]],
+        max_tokens: int,
+        concurrency: int,
+        dp_rank: int | None = None,
+    ) -> list[dict]:
+        """Each prompt through the router's ``generate``, unpinned unless ``dp_rank`` is
+        given (the router's routing hint), up to ``concurrency`` at once from one client: per
+        prompt, in order, what :meth:`generate` returns, or ``{"error": text}`` for a request
+        that failed."""
+        payloads = [generate_request(p, max_tokens, dp_rank) for p in prompts]
+        args = (ROUTER_GENERATE, payloads, concurrency)
+        if self.python == sys.executable and self.environ is None:
+            replies = inside.run(self.host, dynamo_client.call_many, *args)
+        else:
+            replies = inside.run(
+                self.host, dynamo_client.call_many, *args, python=self.python,
+                environ=self.environ,
+            )  # fmt: skip
+        return [routed_request(r["items"]) if "items" in r else r for r in replies]
+
+
+class Frontend(DynamoProcess):
+    """Dynamo's OpenAI-compatible frontend (``python -m dynamo.frontend``) on ``host``, in KV
+    router mode, serving HTTP on ``address``, where users' requests enter. It serves a model
+    once the leader's sidecar registered it with a tokenizer in its card
+    (``overlay_harness.tokenizer``), and copies the card's files under ``$HOME/.cache/dynamo``:
+    ``home`` keeps them in the test's directory."""
+
+    def __init__(self, host: netns.Host | None, address: str, home: Path, log_path: Path):
+        self.address = address
+        self.port = ports.free_port()
+        self.model: str | None = None
+        args = ["--http-host", address, "--http-port", str(self.port), "--router-mode", "kv",
+                *TRANSPORT_ARGS]  # fmt: skip
+        super().__init__(host, "dynamo.frontend", args, log_path,
+                         environ=dict(os.environ, HOME=str(home)))  # fmt: skip
+
+    def wait_for_model(self) -> str:
+        """The served model's name, once the frontend lists one (its ``/health`` answers
+        before any worker is known)."""
+
+        def listed() -> str | None:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.argv} exited {self.proc.returncode}: "
+                                   f"{self.log_text()[-2000:]}")  # fmt: skip
+            with contextlib.suppress(AssertionError):
+                status, text = inside.run(self.host, probes.http_text, self.port, self.address,
+                                          "/v1/models")  # fmt: skip
+                models = json.loads(text).get("data") if status == 200 else None
+                return models[0]["id"] if models else None
+            return None
+
+        self.model = wait_for(listed, ROUTER_DEADLINE, "the frontend to list a model")
+        return self.model
+
+    def generate_many(
+        self,
+        prompts: list[list[int]],
+        max_tokens: int,
+        concurrency: int,
+        target: tuple[int, int] | None = None,
+    ) -> list[dict]:
+        """Each prompt as an OpenAI completion through the frontend, pinned to ``target``
+        (worker id, DP rank) when given, up to ``concurrency`` at once: per prompt, in order,
+        where it was routed and its tokens (as :func:`routed_request`), or ``{"error": ...}``."""
+        nvext: dict = {"extra_fields": ["worker_id"]}
+        if target is not None:
+            nvext.update(backend_instance_id=target[0], dp_rank=target[1])
+        requests = [[prompt, max_tokens, nvext] for prompt in prompts]
+        replies = inside.run(
+            self.host, probes.completions, self.port, self.address, self.model, requests,
+            concurrency, deadline=REQUESTS_DEADLINE,
+        )  # fmt: skip
+        return [frontend_reply(r) if "usage" in r else r for r in replies]
+
+
+def frontend_reply(reply: dict) -> dict:
+    """What one completion's ``usage`` and ``nvext.worker_id`` say, as :func:`routed_request`."""
+    routed, usage = reply["nvext"]["worker_id"], reply["usage"]
+    return {
+        "prefill_dp_rank": routed["prefill_dp_rank"],
+        "decode_dp_rank": routed["decode_dp_rank"],
+        "prefill_worker_id": routed.get("prefill_worker_id"),
+        "cached_tokens": (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0,
+        "prompt_tokens": usage["prompt_tokens"],
+        "completion_tokens": usage.get("completion_tokens"),
+    }
+
+
+def generate_request(token_ids: list[int], max_tokens: int, dp_rank: int | None = None) -> dict:
+    """The body of a request to a router's ``generate``: greedy, a fixed output length, and
+    pinned to ``dp_rank`` when given."""
+    request = {
+        "token_ids": token_ids,
+        "stop_conditions": {"max_tokens": max_tokens, "ignore_eos": True},
+        "sampling_options": {"temperature": 0.0},
+    }
+    if dp_rank is not None:
+        request["routing"] = {"dp_rank": dp_rank}
+    return request
+
+
+def routed_request(items: list) -> dict:
+    """What one ``generate`` call's responses say: the worker and DP ranks it was routed to,
+    the tokens in and out, and the cached tokens the engine reported."""
+    routed = next(i["routing_data"]["worker_id"] for i in items if "routing_data" in i
+                  and "worker_id" in (i["routing_data"] or {}))  # fmt: skip
+    usage = next(i["completion_usage"] for i in items if i.get("completion_usage"))
+    return {
+        "prefill_dp_rank": routed["prefill_dp_rank"],
+        "decode_dp_rank": routed["decode_dp_rank"],
+        "prefill_worker_id": routed.get("prefill_worker_id"),
+        "cached_tokens": usage["prompt_tokens_details"]["cached_tokens"],
+        "prompt_tokens": usage["prompt_tokens"],
+        "completion_tokens": usage.get("completion_tokens"),
+    }
 
 
 class ConsumerSet:

@@ -50,12 +50,14 @@ def run(
     *args: Any,
     python: str | None = None,
     environ: dict[str, str] | None = None,
+    deadline: float = RUN_DEADLINE,
 ) -> Any:
     """``function(*args)`` (a module-level function with JSON arguments and result) on
     ``host``; an exception there is raised here as an ``AssertionError`` naming the host.
 
     ``python`` runs it with another interpreter (another consumer version's env), and
-    ``environ`` in place of this process's environment; either way in a process of its own.
+    ``environ`` in place of this process's environment; either way in a process of its own,
+    killed after ``deadline`` seconds.
     """
     if host is None and python is None and environ is None:
         return function(*args)
@@ -64,7 +66,7 @@ def run(
         host.command(argv) if host is not None else argv,
         capture_output=True,
         text=True,
-        timeout=RUN_DEADLINE,
+        timeout=deadline,
         env=dict(environ or os.environ, PYTHONPATH=str(HARNESS_ROOT)),
         cwd=HARNESS_ROOT,
         stdin=subprocess.DEVNULL,

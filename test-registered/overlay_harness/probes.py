@@ -307,3 +307,32 @@ def http_post(port: int, host: str, path: str) -> int:
     )
     with urllib.request.urlopen(request, timeout=60) as reply:
         return reply.status
+
+
+def completions(
+    port: int, host: str, model: str, requests: list, concurrency: int, seconds: float = 600.0
+) -> list[dict]:
+    """Each ``[token ids, max tokens, nvext]`` of ``requests`` as an OpenAI ``POST
+    /v1/completions`` (greedy, EOS ignored), up to ``concurrency`` at once; per request, in
+    order, its ``usage`` and ``nvext``, or ``{"error": text}``."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(prompt: list[int], max_tokens: int, nvext: dict) -> dict:
+        body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
+                "ignore_eos": True, "nvext": nvext}  # fmt: skip
+        request = urllib.request.Request(
+            f"http://{host}:{port}/v1/completions",
+            data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=seconds) as reply:
+                answer = json.loads(reply.read())
+        except urllib.error.HTTPError as exc:
+            return {"error": f"{exc.code} {exc.read()[:2000].decode(errors='replace')}"}
+        except OSError as exc:
+            return {"error": f"{type(exc).__name__}: {exc}"}
+        return {"usage": answer.get("usage"), "nvext": answer.get("nvext")}
+
+    with ThreadPoolExecutor(concurrency) as pool:
+        return list(pool.map(lambda r: one(*r), requests))

@@ -1,0 +1,211 @@
+"""The seed deployment report's measurements, taken the way users' requests come: through
+Dynamo's OpenAI frontend (KV router mode) in front of a launched deployment, with Dynamo's
+standalone router beside it as the oracle of what the events told a router (the srt-slurm
+report in ``../shared/seeds``; ``docs/validation.md``).
+
+The report measured each deployment the same way, and so does this module:
+
+- **benchmark**: 40 requests of 128 input tokens and 64 output tokens, 4 at a time (SA-Bench's
+  shape); a request succeeds when it returns its 64 tokens. The same 40 prompts again (one
+  output token each: the prompt's cache hits do not depend on it) give the prefix-cache hit
+  rate (SGLang's cached tokens over prompt tokens of that second pass): a figure, compared
+  with the stock column, not asserted;
+- **targeted**: per (worker, DP rank) target, two requests pinned to it (the second must be
+  served from its cache), then seven unpinned repeats, each of which must be routed to the
+  target that holds its prefix and served with SGLang's cached tokens at least the input less
+  one page. Four targets make the seed's 36 requests, 28 of them unpinned cache checks. These
+  generate a few tokens each: routing and the cache are what they check;
+- **events**: the router's overlap scores show each target's pinned prompt on that target and
+  nowhere else: its ``BlockStored`` events reached the router.
+
+What a deployment's test asserts is the counts (``Measured.assert_seed_pass``); the figures go
+to stderr as a row of the validation table (``report``). ``make test`` asserts the overlay's
+column, the newest release with the plugin: the benchmark runs there
+(``benchmark_asserted_here``); other sessions (another release, the rebuilt wheel) take the
+targeted and event measures, and the full matrix is ``make validate``'s.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import time
+
+from sglang_sidecar_overlay import releases
+
+from overlay_harness import differences, dynamo, kv_events, nodes
+from overlay_harness.group import PAGE_SIZE
+
+BENCHMARK_REQUESTS = 40
+INPUT_TOKENS = 128
+OUTPUT_TOKENS = 64
+CONCURRENCY = 4
+PINNED_PER_TARGET = 2
+UNPINNED_PER_TARGET = 7
+TARGETED_OUTPUT_TOKENS = 4
+
+
+@dataclasses.dataclass(frozen=True)
+class Benchmark:
+    succeeded: int
+    requests: int
+    seconds: float
+    second_pass_hit_rate: float
+    first_error: str | None
+
+
+@dataclasses.dataclass
+class Targeted:
+    passed: int = 0
+    requests: int = 0
+    unpinned_passed: int = 0
+    unpinned: int = 0
+    event_targets: int = 0
+    targets: int = 0
+    failures: list[str] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass(frozen=True)
+class Measured:
+    deployment: str
+    benchmark: Benchmark | None
+    targeted: Targeted
+
+    def assert_seed_pass(self) -> None:
+        """Every benchmark request, every targeted request and every target's events."""
+        bench, targeted = self.benchmark, self.targeted
+        problems = []
+        if bench is not None and bench.succeeded != bench.requests:
+            problems.append(f"benchmark {bench.succeeded}/{bench.requests}: {bench.first_error}")
+        if targeted.passed != targeted.requests:
+            problems.append(f"targeted {targeted.passed}/{targeted.requests}")
+        if targeted.event_targets != targeted.targets:
+            problems.append(f"event targets {targeted.event_targets}/{targeted.targets}")
+        if problems:
+            raise AssertionError("; ".join(problems + targeted.failures[:6]))
+
+    def report(self) -> None:
+        """The deployment's row of the validation table, on stderr."""
+        bench, targeted = self.benchmark, self.targeted
+        release = releases.installed_sglang_version() or ""
+        benchmark = (
+            f"benchmark {bench.succeeded}/{bench.requests} in {bench.seconds:.1f} s, "
+            f"second-pass hit rate {bench.second_pass_hit_rate:.1%}"
+            if bench is not None
+            else "benchmark: the newest release's session runs it"
+        )
+        sys.stderr.write(
+            f"[{release}] seed table: {self.deployment} | {benchmark} | targeted "
+            f"{targeted.passed}/{targeted.requests} ({targeted.unpinned_passed}/"
+            f"{targeted.unpinned} unpinned cache checks) | event targets "
+            f"{targeted.event_targets}/{targeted.targets}\n"
+        )
+
+
+Target = tuple[int, int]  # (Dynamo worker id, DP rank)
+
+
+def served(reply: dict, tokens: int) -> bool:
+    return "error" not in reply and reply["completion_tokens"] == tokens
+
+
+def from_cache(reply: dict) -> bool:
+    """Served with the whole prompt but its last page cached, as the seed's cache check."""
+    return (
+        served(reply, TARGETED_OUTPUT_TOKENS) and reply["cached_tokens"] >= INPUT_TOKENS - PAGE_SIZE
+    )
+
+
+def routed_to(reply: dict, target: Target) -> bool:
+    return "error" not in reply and (reply["prefill_worker_id"], reply["prefill_dp_rank"]) == target
+
+
+def benchmark(frontend: dynamo.Frontend) -> Benchmark:
+    """The 40-request benchmark through ``frontend``, then its second pass's hit rate."""
+    prompts = [kv_events.prompt(INPUT_TOKENS) for _ in range(BENCHMARK_REQUESTS)]
+    started = time.monotonic()
+    first = frontend.generate_many(prompts, OUTPUT_TOKENS, CONCURRENCY)
+    seconds = time.monotonic() - started
+    second = [r for r in frontend.generate_many(prompts, 1, CONCURRENCY) if served(r, 1)]
+    prompt_tokens = sum(r["prompt_tokens"] for r in second)
+    return Benchmark(
+        succeeded=sum(served(r, OUTPUT_TOKENS) for r in first),
+        requests=len(prompts),
+        seconds=seconds,
+        second_pass_hit_rate=sum(r["cached_tokens"] for r in second) / max(prompt_tokens, 1),
+        first_error=next((r["error"] for r in first if "error" in r), None),
+    )
+
+
+def targeted(frontend: dynamo.Frontend, router: dynamo.Router, targets: list[Target]) -> Targeted:
+    """The targeted requests through ``frontend`` and the event check on ``router``, per
+    target."""
+    counts = Targeted(targets=len(targets))
+    for target in targets:
+        prompt = kv_events.prompt(INPUT_TOKENS)
+        pinned = frontend.generate_many([prompt] * PINNED_PER_TARGET, TARGETED_OUTPUT_TOKENS, 1,
+                                        target)  # fmt: skip
+        # The first one stores the prompt; the second is served from that cache.
+        checks = [
+            (from_cache(r) if index else served(r, TARGETED_OUTPUT_TOKENS)) and routed_to(r, target)
+            for index, r in enumerate(pinned)
+        ]
+        count(counts, f"{target} pinned", pinned, checks, unpinned=False)
+        if events_seen(router, prompt, target, targets):
+            counts.event_targets += 1
+        else:
+            counts.failures.append(f"{target}: the router never saw its pinned prompt")
+        repeats = frontend.generate_many([prompt] * UNPINNED_PER_TARGET, TARGETED_OUTPUT_TOKENS, 1)
+        checks = [from_cache(r) and routed_to(r, target) for r in repeats]
+        count(counts, f"{target} unpinned", repeats, checks, unpinned=True)
+    return counts
+
+
+def count(counts: Targeted, what: str, replies: list[dict], checks: list[bool], *,
+          unpinned: bool) -> None:  # fmt: skip
+    counts.requests += len(checks)
+    counts.passed += sum(checks)
+    if unpinned:
+        counts.unpinned += len(checks)
+        counts.unpinned_passed += sum(checks)
+    counts.failures += [f"{what}: {r}" for r, ok in zip(replies, checks, strict=True) if not ok]
+
+
+def events_seen(
+    router: dynamo.Router, prompt: list[int], target: Target, targets: list[Target]
+) -> bool:
+    """Whether the router scores the prompt's pages on ``target`` and on no other target."""
+    pages = len(prompt) // PAGE_SIZE
+    wanted = {t: pages if t == target else 0 for t in targets}
+    try:
+        nodes.wait_for(lambda: router.target_scores(prompt) == wanted, dynamo.ROUTER_DEADLINE, "")
+    except AssertionError:
+        return False
+    return True
+
+
+def registered_targets(router: dynamo.Router, count: int) -> list[Target]:
+    """The router's (worker, DP rank) targets once it knows ``count`` of them, in order."""
+    probe = kv_events.prompt()
+    scores = nodes.wait_for(
+        lambda: len(scores := router.target_scores(probe)) == count and scores,
+        dynamo.ROUTER_DEADLINE,
+        f"the router to know {count} (worker, DP rank) targets",
+    )
+    return sorted(scores, key=lambda target: (target[1], target[0]))
+
+
+def benchmark_asserted_here() -> bool:
+    """Whether this session is the column ``make test`` asserts: the newest release, with the
+    plugin."""
+    release = releases.release_of(releases.installed_sglang_version() or "0")
+    return release == releases.NEWEST_RELEASE and not differences.on_rebuilt_wheel()
+
+
+def measure(
+    deployment: str, frontend: dynamo.Frontend, router: dynamo.Router, targets: list[Target]
+) -> Measured:
+    """The seed's measurements of a deployment with ``targets`` (the benchmark where
+    :func:`benchmark_asserted_here`)."""
+    bench = benchmark(frontend) if benchmark_asserted_here() else None
+    return Measured(deployment, bench, targeted(frontend, router, targets))

@@ -1,0 +1,79 @@
+"""How the seed's measurements judge replies (``overlay_harness.seed_checks``), and the tokenizer
+Dynamo's frontend needs for the tiny model (``overlay_harness.tokenizer``)."""
+
+import json
+
+import pytest
+from overlay_harness import seed_checks, tokenizer
+from overlay_harness.group import PAGE_SIZE, TINY_MODEL
+
+TARGET = (7, 1)
+INPUT = seed_checks.INPUT_TOKENS
+TOKENS = seed_checks.TARGETED_OUTPUT_TOKENS
+
+
+def reply(cached: int, worker: int = 7, rank: int = 1, tokens: int = TOKENS) -> dict:
+    return {
+        "prefill_worker_id": worker,
+        "prefill_dp_rank": rank,
+        "decode_dp_rank": rank,
+        "cached_tokens": cached,
+        "prompt_tokens": INPUT,
+        "completion_tokens": tokens,
+    }
+
+
+def test_a_cache_check_needs_all_but_the_last_page_cached() -> None:
+    assert seed_checks.from_cache(reply(INPUT - PAGE_SIZE))
+    assert not seed_checks.from_cache(reply(INPUT - PAGE_SIZE - 1))
+    assert not seed_checks.from_cache(reply(INPUT, tokens=TOKENS - 1))
+    assert not seed_checks.from_cache({"error": "503"})
+
+
+def test_a_reply_counts_for_its_target_only() -> None:
+    assert seed_checks.routed_to(reply(0), TARGET)
+    assert not seed_checks.routed_to(reply(0, worker=8), TARGET)
+    assert not seed_checks.routed_to(reply(0, rank=0), TARGET)
+    assert not seed_checks.routed_to({"error": "timeout"}, TARGET)
+
+
+def test_counts_keep_pinned_and_unpinned_apart_and_name_each_failure() -> None:
+    counts = seed_checks.Targeted(targets=1)
+    seed_checks.count(counts, "pinned", [reply(0), reply(112)], [True, True], unpinned=False)
+    seed_checks.count(counts, "unpinned", [reply(112), reply(0)], [True, False], unpinned=True)
+    assert (counts.passed, counts.requests) == (3, 4)
+    assert (counts.unpinned_passed, counts.unpinned) == (1, 2)
+    assert len(counts.failures) == 1 and counts.failures[0].startswith("unpinned: ")
+
+
+def test_a_seed_pass_needs_every_request_and_every_target() -> None:
+    whole = seed_checks.Targeted(passed=9, requests=9, unpinned_passed=7, unpinned=7,
+                                 event_targets=1, targets=1)  # fmt: skip
+    bench = seed_checks.Benchmark(40, 40, 12.0, 0.7, None)
+    seed_checks.Measured("d", bench, whole).assert_seed_pass()
+    seed_checks.Measured("d", None, whole).assert_seed_pass()
+    short = seed_checks.Benchmark(39, 40, 12.0, 0.7, "HTTP 500")
+    with pytest.raises(AssertionError, match="benchmark 39/40: HTTP 500"):
+        seed_checks.Measured("d", short, whole).assert_seed_pass()
+    unseen = seed_checks.Targeted(passed=9, requests=9, event_targets=0, targets=1)
+    with pytest.raises(AssertionError, match="event targets 0/1"):
+        seed_checks.Measured("d", bench, unseen).assert_seed_pass()
+
+
+def test_the_tokenizer_covers_the_model_vocabulary_and_builds_the_same_every_time(
+    tmp_path,
+) -> None:
+    from transformers import AutoTokenizer
+
+    first = tokenizer.build(TINY_MODEL, tmp_path / "a")
+    second = tokenizer.build(TINY_MODEL, tmp_path / "b")
+    assert (first / "tokenizer.json").read_bytes() == (second / "tokenizer.json").read_bytes()
+    # Beside the model's config, which Dynamo's sidecar reads from the tokenizer's directory.
+    assert (first / "config.json").read_text() == (TINY_MODEL / "config.json").read_text()
+    vocab = json.loads((TINY_MODEL / "config.json").read_text())["vocab_size"]
+    loaded = AutoTokenizer.from_pretrained(first)
+    assert len(loaded) == vocab
+    assert loaded.decode(loaded("hello world 12345")["input_ids"]) == "hello world 12345"
+    chat = loaded.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False,
+                                      add_generation_prompt=True)  # fmt: skip
+    assert chat.endswith("<|im_start|>assistant\n")
