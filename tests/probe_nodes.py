@@ -178,20 +178,28 @@ def warnings_of(findings: list[probe.Finding]) -> dict[str, str]:
     return {f.field or f.check: f.message for f in findings if f.level == probe.WARNING}
 
 
-def run_cli(
-    *args: str, extra_path: tuple[Path, ...] = (), env: dict | None = None, timeout: float = 60
-) -> subprocess.CompletedProcess:
+CLI = [sys.executable, "-m", "sglang_sidecar_overlay"]
+
+
+def cli_environ(extra_path: tuple[Path, ...] = (), env: dict | None = None) -> dict[str, str]:
+    """The CLI's environment: this package importable, no switch from the caller's shell."""
     environ = dict(os.environ)
     for name in ("SGLANG_PLUGINS", LEGACY_DP_SIZE_ENV, "PYTHONPATH"):
         environ.pop(name, None)
     environ["PYTHONPATH"] = os.pathsep.join([*map(str, extra_path), str(PACKAGE_PARENT)])
     environ["PYTHONIOENCODING"] = "utf-8"
     environ.update(env or {})
+    return environ
+
+
+def run_cli(
+    *args: str, extra_path: tuple[Path, ...] = (), env: dict | None = None, timeout: float = 60
+) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "sglang_sidecar_overlay", *args],
+        [*CLI, *args],
         capture_output=True,
         text=True,
         timeout=timeout,
-        env=environ,
+        env=cli_environ(extra_path, env),
         check=False,
     )
