@@ -25,6 +25,8 @@ import inspect
 import json
 import os
 import signal
+import time
+from pathlib import Path
 from typing import Any
 
 FAULT_ENV = "OVERLAY_HARNESS_SCHEDULER_FAULT"
@@ -79,23 +81,41 @@ def _create_publishers_one_at_a_time(publisher_class: Any, server_args: Any) -> 
     publisher_class.__init__ = create_alone
 
 
+# How long the forked messenger waits for the killed scheduler to become a zombie.
+DEATH_DEADLINE = 60.0
+
+
+def _dead(pid: int) -> bool:
+    """Whether ``pid`` has exited: gone, or a zombie (what ``waitpid`` and a pidfd see)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rpartition(")")[2].split()[0] in ("Z", "X")
+
+
 class _ReadyAfterDeath:
     """The scheduler's ready pipe, whose first message is delivered only after the scheduler
-    is dead: a forked child sends it once it sees EOF on a pipe only the scheduler writes to,
-    then the scheduler SIGKILLs itself."""
+    is dead: a forked child sees EOF on a pipe only the scheduler writes to, waits until the
+    scheduler is a zombie (its files close before its exit is final: on a loaded machine the
+    engine could otherwise still see it alive), and sends it; the scheduler SIGKILLs itself."""
 
     def __init__(self, pipe_writer: Any) -> None:
         self._pipe_writer = pipe_writer
 
     def send(self, message: Any) -> None:
         death_r, death_w = os.pipe()
+        scheduler = os.getpid()
         if os.fork() == 0:
             os.close(death_w)
             os.read(death_r, 1)
+            deadline = time.monotonic() + DEATH_DEADLINE
+            while not _dead(scheduler) and time.monotonic() < deadline:
+                time.sleep(0.005)
             self._pipe_writer.send(message)
             os._exit(0)
         os.close(death_r)
-        os.kill(os.getpid(), signal.SIGKILL)
+        os.kill(scheduler, signal.SIGKILL)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._pipe_writer, name)
