@@ -170,8 +170,7 @@ class Router(DynamoProcess):
 
     def overlap(self, token_ids: list[int]) -> dict[int, int]:
         """Matched device blocks per DP rank of the registered worker, as the router sees them."""
-        (scores,) = self.call(OVERLAP_SCORES, {"token_ids": token_ids})
-        return {worker["dp_rank"]: worker["device_blocks"] for worker in scores["workers"]}
+        return {rank: blocks for (_worker, rank), blocks in self.target_scores(token_ids).items()}
 
     def target_scores(self, token_ids: list[int]) -> dict[tuple[int, int], int]:
         """Matched device blocks per (worker id, DP rank) target, as the router sees them."""
@@ -210,29 +209,21 @@ class Router(DynamoProcess):
     def generate(self, token_ids: list[int], max_tokens: int) -> dict:
         """One request through the router's ``generate``, unpinned: the DP rank it was routed
         to and the cached tokens the engine reported."""
-        return routed_request(self.call(ROUTER_GENERATE, generate_request(token_ids, max_tokens)))
-
-    def generate_many(
-        self,
-        prompts: list[list[int]],
-        max_tokens: int,
-        concurrency: int,
-        dp_rank: int | None = None,
-    ) -> list[dict]:
-        """Each prompt through the router's ``generate``, unpinned unless ``dp_rank`` is
-        given (the router's routing hint), up to ``concurrency`` at once from one client: per
-        prompt, in order, what :meth:`generate` returns, or ``{"error": text}`` for a request
-        that failed."""
-        payloads = [generate_request(p, max_tokens, dp_rank) for p in prompts]
-        args = (ROUTER_GENERATE, payloads, concurrency)
-        if self.python == sys.executable and self.environ is None:
-            replies = inside.run(self.host, dynamo_client.call_many, *args)
-        else:
-            replies = inside.run(
-                self.host, dynamo_client.call_many, *args, python=self.python,
-                environ=self.environ,
-            )  # fmt: skip
-        return [routed_request(r["items"]) if "items" in r else r for r in replies]
+        request = {
+            "token_ids": token_ids,
+            "stop_conditions": {"max_tokens": max_tokens, "ignore_eos": True},
+            "sampling_options": {"temperature": 0.0},
+        }
+        items = self.call(ROUTER_GENERATE, request)
+        routed = next(i["routing_data"]["worker_id"] for i in items if "routing_data" in i
+                      and "worker_id" in (i["routing_data"] or {}))  # fmt: skip
+        usage = next(i["completion_usage"] for i in items if i.get("completion_usage"))
+        return {
+            "prefill_dp_rank": routed["prefill_dp_rank"],
+            "decode_dp_rank": routed["decode_dp_rank"],
+            "cached_tokens": usage["prompt_tokens_details"]["cached_tokens"],
+            "prompt_tokens": usage["prompt_tokens"],
+        }
 
 
 class Frontend(DynamoProcess):
@@ -278,7 +269,7 @@ class Frontend(DynamoProcess):
     ) -> list[dict]:
         """Each prompt as an OpenAI completion through the frontend, pinned to ``target``
         (worker id, DP rank) when given, up to ``concurrency`` at once: per prompt, in order,
-        where it was routed and its tokens (as :func:`routed_request`), or ``{"error": ...}``."""
+        where it was routed and its tokens (as :func:`frontend_reply`), or ``{"error": ...}``."""
         nvext: dict = {"extra_fields": ["worker_id"]}
         if target is not None:
             nvext.update(backend_instance_id=target[0], dp_rank=target[1])
@@ -291,42 +282,14 @@ class Frontend(DynamoProcess):
 
 
 def frontend_reply(reply: dict) -> dict:
-    """What one completion's ``usage`` and ``nvext.worker_id`` say, as :func:`routed_request`."""
+    """What one completion's ``usage`` and ``nvext.worker_id`` say: the worker and DP ranks it
+    was routed to, the tokens in and out, and the cached tokens the engine reported."""
     routed, usage = reply["nvext"]["worker_id"], reply["usage"]
     return {
         "prefill_dp_rank": routed["prefill_dp_rank"],
         "decode_dp_rank": routed["decode_dp_rank"],
         "prefill_worker_id": routed.get("prefill_worker_id"),
         "cached_tokens": (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0,
-        "prompt_tokens": usage["prompt_tokens"],
-        "completion_tokens": usage.get("completion_tokens"),
-    }
-
-
-def generate_request(token_ids: list[int], max_tokens: int, dp_rank: int | None = None) -> dict:
-    """The body of a request to a router's ``generate``: greedy, a fixed output length, and
-    pinned to ``dp_rank`` when given."""
-    request = {
-        "token_ids": token_ids,
-        "stop_conditions": {"max_tokens": max_tokens, "ignore_eos": True},
-        "sampling_options": {"temperature": 0.0},
-    }
-    if dp_rank is not None:
-        request["routing"] = {"dp_rank": dp_rank}
-    return request
-
-
-def routed_request(items: list) -> dict:
-    """What one ``generate`` call's responses say: the worker and DP ranks it was routed to,
-    the tokens in and out, and the cached tokens the engine reported."""
-    routed = next(i["routing_data"]["worker_id"] for i in items if "routing_data" in i
-                  and "worker_id" in (i["routing_data"] or {}))  # fmt: skip
-    usage = next(i["completion_usage"] for i in items if i.get("completion_usage"))
-    return {
-        "prefill_dp_rank": routed["prefill_dp_rank"],
-        "decode_dp_rank": routed["decode_dp_rank"],
-        "prefill_worker_id": routed.get("prefill_worker_id"),
-        "cached_tokens": usage["prompt_tokens_details"]["cached_tokens"],
         "prompt_tokens": usage["prompt_tokens"],
         "completion_tokens": usage.get("completion_tokens"),
     }

@@ -28,35 +28,3 @@ def call(endpoint: str, payload: Any, seconds: float = 60.0) -> list:
             runtime.shutdown()
 
     return asyncio.run(asyncio.wait_for(responses(), seconds))
-
-
-def call_many(endpoint: str, payloads: list, concurrency: int, seconds: float = 600.0) -> list:
-    """One call per payload to ``endpoint``, up to ``concurrency`` at once, through one
-    runtime: per payload, in order, ``{"items": [every response]}`` or ``{"error": text}``
-    (a failed request is a result to count, not a reason to stop the others)."""
-    import asyncio
-
-    from dynamo.runtime import DistributedRuntime
-
-    async def responses() -> list:
-        loop = asyncio.get_running_loop()
-        runtime = DistributedRuntime(loop, "file", "tcp", event_plane="zmq")
-        try:
-            client = await runtime.endpoint(endpoint).client()
-            await asyncio.wait_for(client.wait_for_instances(), 60.0)
-            slots = asyncio.Semaphore(concurrency)
-
-            async def one(payload: Any) -> dict:
-                async with slots:
-                    try:
-                        stream = await client.round_robin(payload)
-                        items = [i.data() if hasattr(i, "data") else i async for i in stream]
-                    except Exception as exc:  # counted and reported by the caller
-                        return {"error": f"{type(exc).__name__}: {exc}"[:2000]}
-                    return {"items": items}
-
-            return await asyncio.gather(*(one(payload) for payload in payloads))
-        finally:
-            runtime.shutdown()
-
-    return asyncio.run(asyncio.wait_for(responses(), seconds))

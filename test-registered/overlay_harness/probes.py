@@ -101,6 +101,15 @@ def http_text(port: int, host: str, path: str, tls: bool = False) -> list:
         return [exc.code, exc.read().decode(errors="replace")]
 
 
+def post_json(url: str, body: dict, seconds: float) -> dict:
+    """The JSON reply of a ``POST`` of ``body`` as JSON (an HTTP error status raises)."""
+    request = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=seconds) as reply:
+        return json.loads(reply.read())
+
+
 def generate(
     port: int,
     host: str,
@@ -118,14 +127,8 @@ def generate(
     }  # fmt: skip
     if dp_rank is not None:
         body["routed_dp_rank"] = dp_rank
-    request = urllib.request.Request(
-        f"http://{host}:{port}/generate",
-        data=json.dumps(body).encode(),
-        headers={"Content-Type": "application/json"},
-    )
     try:
-        with urllib.request.urlopen(request, timeout=seconds) as reply:
-            return json.loads(reply.read())["meta_info"]
+        return post_json(f"http://{host}:{port}/generate", body, seconds)["meta_info"]
     except urllib.error.HTTPError as exc:
         raise AssertionError(f"/generate: {exc.code} {exc.read()[:2000]!r}") from None
 
@@ -320,14 +323,8 @@ def completions(
     def one(prompt: list[int], max_tokens: int, nvext: dict) -> dict:
         body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
                 "ignore_eos": True, "nvext": nvext}  # fmt: skip
-        request = urllib.request.Request(
-            f"http://{host}:{port}/v1/completions",
-            data=json.dumps(body).encode(),
-            headers={"Content-Type": "application/json"},
-        )
         try:
-            with urllib.request.urlopen(request, timeout=seconds) as reply:
-                answer = json.loads(reply.read())
+            answer = post_json(f"http://{host}:{port}/v1/completions", body, seconds)
         except urllib.error.HTTPError as exc:
             return {"error": f"{exc.code} {exc.read()[:2000].decode(errors='replace')}"}
         except OSError as exc:

@@ -184,13 +184,13 @@ def events_seen(
     return True
 
 
-def registered_targets(router: dynamo.Router, count: int) -> list[Target]:
-    """The router's (worker, DP rank) targets once it knows ``count`` of them, in order."""
+def registered_targets(router: dynamo.Router, expected: int) -> list[Target]:
+    """The router's (worker, DP rank) targets once it knows ``expected`` of them, in order."""
     probe = kv_events.prompt()
     scores = nodes.wait_for(
-        lambda: len(scores := router.target_scores(probe)) == count and scores,
+        lambda: len(scores := router.target_scores(probe)) == expected and scores,
         dynamo.ROUTER_DEADLINE,
-        f"the router to know {count} (worker, DP rank) targets",
+        f"the router to know {expected} (worker, DP rank) targets",
     )
     return sorted(scores, key=lambda target: (target[1], target[0]))
 
