@@ -10,7 +10,7 @@ from ``patches.py``.
     scripts/sglang_envs.py build --releases 0.5.21,0.5.23
     scripts/sglang_envs.py test  --releases all --wheel-dir dist [-- extra pytest args]
     scripts/sglang_envs.py test  --patched --releases 0.5.23 --wheel-dir dist [-- ...]
-    scripts/sglang_envs.py test  --releases ci --with-patched --jobs 3 --wheel-dir dist
+    scripts/sglang_envs.py test  --releases ci --with-patched --jobs 2 --wheel-dir dist
     scripts/sglang_envs.py path  0.5.23
     scripts/sglang_envs.py demo  --wheel-dir dist
 
