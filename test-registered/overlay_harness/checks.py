@@ -18,6 +18,8 @@ from overlay_harness import differences, kv_events, nodes, probes
 from overlay_harness.group import KV_TOPIC, PAGE_SIZE, EngineGroup
 from overlay_harness.nodes import Node
 
+LEADER_REPLY_BUILT = "leader GetServerInfo reply built"
+
 
 class NodeInfoChecks:
     """Mixed into a ``NodesTestCase`` (its ``assert*`` methods): checks of one node's
@@ -38,6 +40,14 @@ class NodeInfoChecks:
             # in the tests that receive real events.
             self.assertEqual(source["block_size"], PAGE_SIZE)
         self.assertEqual(info["kv_event_rank_space"]["local_ranks"], ranks)
+
+    def assert_reply_built_once(self, leader: Node, info: dict):
+        """The leader's reply is built at the first GetServerInfo, then served as cached text:
+        later calls get the same object, and the build is logged once per launch (the series
+        builds it per call and has no such line, ``patches/DIFFERENCES.md`` #2)."""
+        self.assertEqual([leader.server_info() for _ in range(3)], [info] * 3)
+        if not differences.differs(differences.PLUGIN_LOG_LINES):
+            self.assertEqual(leader.log_text().count(LEADER_REPLY_BUILT), 1, leader.log_tail())
 
     def assert_group_sources(self, started: list[Node], infos: list[dict]):
         """Distinct ranks and endpoints across the group; each advertised loopback endpoint

@@ -1,0 +1,128 @@
+"""Ordinary DP aggregate (the seeds' deployment 1): two TP 1 / DP 2 engines, each on its own
+node, behind Dynamo's OpenAI frontend, measured as the seed measured it.
+
+CPU-only: SGLang's real schedulers on the CPU test platform, the tiny config-only model, each
+engine ``launch_server`` with ``--tp 1 --dp 2`` on its own host (``overlay_harness.netns``): the
+real DP controller in front of two schedulers, each with its own ``ZmqEventPublisher``. SGLang
+refuses ordinary DP across nodes ("multi-node data parallel is not supported unless dp
+attention"), so, as in the seed, each node is a whole engine and Dynamo sees two workers of two
+DP ranks each: four (worker, DP rank) targets.
+
+Each engine runs ``--sidecar dynamo.sglang.sidecar`` (ai-dynamo 1.6.1) in leader mode under the
+overlay's supervisor, with the ``dp_size`` switch unset. Dynamo's frontend (KV router mode) and
+its standalone router (the oracle of what the events told a router) run on the first engine's
+host with file discovery, TCP requests and ZMQ events, reaching the second engine across the
+test's bridge.
+
+1. each engine lists both of its DP ranks' sources (distinct ranks and ports; the controller
+   drops unknown ready keys before 0.5.22), each delivering a live batch of a real request on
+   its own node; later calls get the same reply, built once per launch;
+2. the seed's measurements (``overlay_harness.seed_checks``): the router knows exactly the four
+   targets; 40 requests of 128 tokens in and 64 out, 4 at a time, all served (the newest
+   release's session); per target, two pinned requests and seven unpinned repeats, each routed
+   to the target that holds its prefix and served from its cache (36 requests, 28 unpinned);
+   each target's pinned prompt scored on that target and no other.
+
+The two engines take about as much memory as a prefill and a decode engine, so the class holds
+the machine's large-topology gate (``overlay_harness.gate``) from its first node's start to its
+last one's stop.
+"""
+
+import contextlib
+import os
+import time
+import unittest
+from unittest import mock
+
+import pytest
+from overlay_harness import dynamo, gate, netns, nodes, seed_checks, tokenizer
+from overlay_harness.checks import NodeInfoChecks, report_launch
+from overlay_harness.group import PAGE_SIZE, TINY_MODEL, EngineGroup
+from overlay_harness.testcase import NodesTestCase
+from sglang.test.ci.ci_register import register_cpu_ci
+
+pytestmark = pytest.mark.large_launch
+
+register_cpu_ci(est_time=150, suite="base-a-test-cpu")
+
+ORDINARY_DP = ["--tp", "1", "--dp", "2"]
+ENGINES = 2
+DP = 2
+
+
+class TestOrdinaryDPAggregate(NodesTestCase, NodeInfoChecks):
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        cls._stack = contextlib.ExitStack()
+        try:
+            cls._stack.enter_context(gate.large_launch(cls.__name__))
+            cls._stack.enter_context(
+                mock.patch.dict(
+                    os.environ, dynamo.consumer_environ(cls.workdir, legacy=None), clear=True
+                )
+            )
+            built = tokenizer.build(TINY_MODEL, cls.workdir / "tokenizer")
+            network = netns.Network(ENGINES)
+            cls.groups = [
+                EngineGroup(1, ORDINARY_DP, network=network, first_host=index)
+                for index in range(ENGINES)
+            ]
+            launches = [
+                group.launch(
+                    0,
+                    sidecar=dynamo.DYNAMO,
+                    sidecar_args=dynamo.sidecar_args(
+                        follower=False, endpoint=group.grpc_endpoint(0)
+                    ),
+                    extra=[*dynamo.LEADER_ARGS, "--tokenizer-path", str(built)],
+                )
+                for group in cls.groups
+            ]
+            began = time.monotonic()
+            cls.engines = cls._stack.enter_context(
+                nodes.running(*launches, names=["engine-a", "engine-b"], log_dir=cls.workdir)
+            )
+            for engine in cls.engines:
+                engine.expect_ready()
+            report_launch("two engines, TP 1 / DP 2 each, Dynamo sidecars", cls.engines, began)
+            cls.infos = [engine.server_info() for engine in cls.engines]
+            first = cls.engines[0]
+            cls.router = dynamo.Router(first.host, PAGE_SIZE, cls.workdir / "router.log")
+            cls._stack.callback(cls.router.stop)
+            cls.frontend = dynamo.Frontend(first.host, first.address, cls.workdir / "home",
+                                           cls.workdir / "frontend.log")  # fmt: skip
+            cls._stack.callback(cls.frontend.stop)
+        except BaseException:
+            # The nodes' logs say why, before the stack stops them.
+            nodes.print_logs(getattr(cls, "engines", []))
+            cls._stack.close()
+            raise
+
+    @classmethod
+    def tearDownClass(cls):
+        try:
+            cls._stack.close()
+        finally:
+            super().tearDownClass()
+
+    def test_1_each_engine_lists_both_of_its_dp_ranks(self):
+        for group, engine, info in zip(self.groups, self.engines, self.infos, strict=True):
+            self.assert_node_info(info, group, 0, list(range(DP)))
+            self.assertEqual(info["kv_event_rank_space"]["size"], DP)
+            self.assert_group_sources([engine], [info])
+            self.assert_reply_built_once(engine, info)
+
+    def test_2_the_seed_measurements_through_dynamos_frontend(self):
+        targets = seed_checks.registered_targets(self.router, ENGINES * DP)
+        self.assertEqual(len({worker for worker, _rank in targets}), ENGINES, targets)
+        self.assertEqual(sorted(rank for _worker, rank in targets), [0, 0, 1, 1])
+        self.frontend.wait_for_model()
+        measured = seed_checks.measure("1. ordinary DP aggregate, 2 engines on 2 nodes",
+                                       self.frontend, self.router, targets)  # fmt: skip
+        measured.report()
+        measured.assert_seed_pass()
+
+
+if __name__ == "__main__":
+    unittest.main()
