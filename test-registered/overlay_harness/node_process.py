@@ -16,11 +16,13 @@ node, as on a real cluster, ROLE being one of:
 - ``blocking-follower``: ``launch_server`` itself, i.e. SGLang's blocking follower
   branch, which returns only when its schedulers have exited. No ready event.
 
-SGLang's DP controller polls its socket without blocking, a whole core while the node is idle
-(a GPU host has cores to spare; this 2-core machine has not). Once a leader serves,
-:func:`yield_busy_pollers` lowers that process's priority to ``nice 19``, after it spawned its
-schedulers, so theirs is unchanged: it still forwards every request, and spins only on
-otherwise idle CPU. The schedulers themselves sleep when idle (``--sleep-on-idle``,
+A leader's DP controller polls its socket without blocking from the moment its schedulers are
+ready, a whole core while the node is idle (a GPU host has cores to spare; this 2-core machine
+has not). :func:`yield_busy_pollers` lowers it to ``nice 19`` as soon as it exists and keeps the
+processes it spawns (the schedulers, which would inherit its niceness) at the node's own: it
+still forwards every request, and spins only on otherwise idle CPU. That lasts until the leader
+serves; the controller spawns nothing after its schedulers are ready. A follower's DP controller
+does not poll. The schedulers themselves sleep when idle (``--sleep-on-idle``,
 ``overlay_harness.group``).
 
 Protocol on stdout (fd 1 carries only this; anything else printed goes to stderr): one JSON
@@ -68,25 +70,48 @@ def _sigterm_when_stdin_closes() -> None:
 # Process titles (/proc comm, 15 bytes) of SGLang processes that poll without blocking.
 BUSY_POLLERS = (b"sglang::data_pa",)
 BUSY_POLLER_NICE = 19
+# How often a launching leader looks for a new DP controller and the processes it spawned.
+BUSY_POLLER_CHECK_SECONDS = 0.5
 
 
-def yield_busy_pollers() -> list[int]:
-    """Renice this node's busy-polling SGLang processes to the lowest priority; their pids."""
-    reniced = []
-    for pid, _start in proctree.descendants(os.getpid()):
+def yield_busy_pollers(lowered: set[int]) -> None:
+    """Renice this node's busy-polling SGLang processes to the lowest priority (their pids go to
+    ``lowered``), and their children back to this node's priority."""
+    own = os.getpriority(os.PRIO_PROCESS, 0)
+    table = proctree.process_table()
+    for pid, _start in proctree.descendants(os.getpid(), table):
+        stat = table.get(pid)
         try:
-            with open(f"/proc/{pid}/comm", "rb") as f:
-                comm = f.read().strip()
-            if comm in BUSY_POLLERS:
+            if pid not in lowered and _comm(pid) in BUSY_POLLERS:
                 os.setpriority(os.PRIO_PROCESS, pid, BUSY_POLLER_NICE)
-                reniced.append(pid)
+                lowered.add(pid)
+            elif stat is not None and stat.ppid in lowered:
+                if os.getpriority(os.PRIO_PROCESS, pid) != own:
+                    os.setpriority(os.PRIO_PROCESS, pid, own)
         except OSError:
             continue  # gone meanwhile
-    return reniced
+
+
+def _comm(pid: int) -> bytes:
+    with open(f"/proc/{pid}/comm", "rb") as f:
+        return f.read().strip()
+
+
+_serving_event = threading.Event()
+
+
+def _yield_busy_pollers_until_serving() -> None:
+    def watch() -> None:
+        lowered: set[int] = set()
+        while not _serving_event.wait(BUSY_POLLER_CHECK_SECONDS):
+            yield_busy_pollers(lowered)
+        yield_busy_pollers(lowered)
+
+    threading.Thread(target=watch, name="yield-busy-pollers", daemon=True).start()
 
 
 def _serving() -> None:
-    yield_busy_pollers()
+    _serving_event.set()
     _emit({"event": "ready", "pids": []})
 
 
@@ -118,6 +143,12 @@ def serve_with_launch_server(argv: list[str]) -> int:
         raise
     _emit({"event": "exited"})
     return 0
+
+
+def serve_leader(argv: list[str]) -> int:
+    """The leader: ``launch_server``, its DP controller lowered until it serves."""
+    _yield_busy_pollers_until_serving()
+    return serve_with_launch_server(argv)
 
 
 def serve_follower_engine(argv: list[str]) -> int:
@@ -157,7 +188,7 @@ def serve_follower_engine(argv: list[str]) -> int:
 
 
 ROLES = {
-    "leader": serve_with_launch_server,
+    "leader": serve_leader,
     "blocking-follower": serve_with_launch_server,
     "follower": serve_follower_engine,
 }

@@ -1,9 +1,12 @@
 """Node lifecycle on the test side: start a node process, ask it things, stop it.
 
-Each node runs ``overlay_harness.node_process`` in its own session, so a test can always take
-down a node with everything it spawned (``killpg``, then every process carrying the node's
-tag), even when the test fails half-way. A node of a multi-node group runs on its host
-(``netns.Host.node_command``) and everything that asks it runs there too
+Each node runs ``overlay_harness.node_process`` in its own process group, so a test can always
+take down a node with everything it spawned (``killpg``, then every process carrying the node's
+tag), even when the test fails half-way. Not in its own session: the kernel's autogroup
+scheduling gives every session an equal share of the CPU, so a node's busy-polling DP
+controller, lowered to ``nice 19`` (``node_process``), would still take a whole session's share
+from the other nodes and tests; within one session the niceness holds. A node of a multi-node
+group runs on its host (``netns.Host.node_command``) and everything that asks it runs there too
 (``node.inside(probes.X, ...)``); a single-node group runs on the test's own host.
 """
 
@@ -144,7 +147,7 @@ class Node:
                 stderr=self._log,
                 env=env,
                 cwd=inside.HARNESS_ROOT,
-                start_new_session=True,
+                process_group=0,
             )
         except BaseException:
             self._release_network()
@@ -269,8 +272,8 @@ class Node:
         return self.proc.wait(timeout=timeout)
 
     def stop(self, timeout: float = 30.0) -> int | None:
-        """Close stdin (orderly stop), then kill the node's whole session and every process
-        that carries its tag."""
+        """Close stdin (orderly stop), then kill the node's whole process group and every
+        process that carries its tag."""
         self.request_stop()
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout=timeout)
