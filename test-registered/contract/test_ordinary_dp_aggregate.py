@@ -29,16 +29,14 @@ last one's stop.
 """
 
 import contextlib
-import os
 import time
 import unittest
-from unittest import mock
 
 import pytest
-from overlay_harness import dynamo, gate, netns, nodes, seed_checks, tokenizer
+from overlay_harness import dynamo, gate, netns, nodes, seed_checks
 from overlay_harness.checks import NodeInfoChecks, report_launch
-from overlay_harness.group import PAGE_SIZE, TINY_MODEL, EngineGroup
-from overlay_harness.testcase import NodesTestCase
+from overlay_harness.group import PAGE_SIZE, EngineGroup
+from overlay_harness.testcase import DeploymentTestCase
 from sglang.test.ci.ci_register import register_cpu_ci
 
 pytestmark = pytest.mark.large_launch
@@ -50,61 +48,39 @@ ENGINES = 2
 DP = 2
 
 
-class TestOrdinaryDPAggregate(NodesTestCase, NodeInfoChecks):
+class TestOrdinaryDPAggregate(DeploymentTestCase, NodeInfoChecks):
     @classmethod
-    def setUpClass(cls):
-        super().setUpClass()
-        cls._stack = contextlib.ExitStack()
-        try:
-            cls._stack.enter_context(gate.large_launch(cls.__name__))
-            cls._stack.enter_context(
-                mock.patch.dict(
-                    os.environ, dynamo.consumer_environ(cls.workdir, legacy=None), clear=True
-                )
+    def start(cls, stack: contextlib.ExitStack) -> None:
+        stack.enter_context(gate.large_launch(cls.__name__))
+        tokenizer_args = dynamo.enter_consumer(stack, cls.workdir)
+        network = netns.Network(ENGINES)
+        cls.groups = [
+            EngineGroup(1, ORDINARY_DP, network=network, first_host=index)
+            for index in range(ENGINES)
+        ]
+        launches = [
+            group.launch(
+                0,
+                sidecar=dynamo.DYNAMO,
+                sidecar_args=dynamo.sidecar_args(follower=False, endpoint=group.grpc_endpoint(0)),
+                extra=[*dynamo.LEADER_ARGS, *tokenizer_args],
             )
-            built = tokenizer.build(TINY_MODEL, cls.workdir / "tokenizer")
-            network = netns.Network(ENGINES)
-            cls.groups = [
-                EngineGroup(1, ORDINARY_DP, network=network, first_host=index)
-                for index in range(ENGINES)
-            ]
-            launches = [
-                group.launch(
-                    0,
-                    sidecar=dynamo.DYNAMO,
-                    sidecar_args=dynamo.sidecar_args(
-                        follower=False, endpoint=group.grpc_endpoint(0)
-                    ),
-                    extra=[*dynamo.LEADER_ARGS, "--tokenizer-path", str(built)],
-                )
-                for group in cls.groups
-            ]
-            began = time.monotonic()
-            cls.engines = cls._stack.enter_context(
-                nodes.running(*launches, names=["engine-a", "engine-b"], log_dir=cls.workdir)
-            )
-            for engine in cls.engines:
-                engine.expect_ready()
-            report_launch("two engines, TP 1 / DP 2 each, Dynamo sidecars", cls.engines, began)
-            cls.infos = [engine.server_info() for engine in cls.engines]
-            first = cls.engines[0]
-            cls.router = dynamo.Router(first.host, PAGE_SIZE, cls.workdir / "router.log")
-            cls._stack.callback(cls.router.stop)
-            cls.frontend = dynamo.Frontend(first.host, first.address, cls.workdir / "home",
-                                           cls.workdir / "frontend.log")  # fmt: skip
-            cls._stack.callback(cls.frontend.stop)
-        except BaseException:
-            # The nodes' logs say why, before the stack stops them.
-            nodes.print_logs(getattr(cls, "engines", []))
-            cls._stack.close()
-            raise
-
-    @classmethod
-    def tearDownClass(cls):
-        try:
-            cls._stack.close()
-        finally:
-            super().tearDownClass()
+            for group in cls.groups
+        ]
+        began = time.monotonic()
+        cls.engines = cls.started = stack.enter_context(
+            nodes.running(*launches, names=["engine-a", "engine-b"], log_dir=cls.workdir)
+        )
+        for engine in cls.engines:
+            engine.expect_ready()
+        report_launch("two engines, TP 1 / DP 2 each, Dynamo sidecars", cls.engines, began)
+        cls.infos = [engine.server_info() for engine in cls.engines]
+        first = cls.engines[0]
+        cls.router = dynamo.Router(first.host, PAGE_SIZE, cls.workdir / "router.log")
+        stack.callback(cls.router.stop)
+        cls.frontend = dynamo.Frontend(first.host, first.address, cls.workdir / "home",
+                                       cls.workdir / "frontend.log")  # fmt: skip
+        stack.callback(cls.frontend.stop)
 
     def test_1_each_engine_lists_both_of_its_dp_ranks(self):
         for group, engine, info in zip(self.groups, self.engines, self.infos, strict=True):

@@ -49,19 +49,17 @@ In order (the last one takes the group down):
 
 import contextlib
 import json
-import os
 import re
 import subprocess
 import sys
 import time
 import unittest
 from pathlib import Path
-from unittest import mock
 
-from overlay_harness import differences, dynamo, kv_events, nodes, probes, seed_checks, tokenizer
+from overlay_harness import differences, dynamo, kv_events, nodes, probes, seed_checks
 from overlay_harness.checks import NodeInfoChecks, report_launch
-from overlay_harness.group import PAGE_SIZE, TINY_MODEL, EngineGroup
-from overlay_harness.testcase import NodesTestCase
+from overlay_harness.group import PAGE_SIZE, EngineGroup
+from overlay_harness.testcase import DeploymentTestCase
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang_sidecar_overlay import releases
 
@@ -116,75 +114,45 @@ def consumer_pids(node: nodes.Node) -> list[int]:
     return found
 
 
-class TestTwoNodeGroup(NodesTestCase, NodeInfoChecks):
+class TestTwoNodeGroup(DeploymentTestCase, NodeInfoChecks):
     @classmethod
-    def setUpClass(cls):
-        super().setUpClass()
-        cls._stack = contextlib.ExitStack()
-        try:
-            cls.group = EngineGroup(2, ATTENTION_DP)
-            cls._stack.enter_context(
-                mock.patch.dict(
-                    os.environ, dynamo.consumer_environ(cls.workdir, legacy=None), clear=True
-                )
-            )
-            # The tokenizer Dynamo's frontend needs in the model card (SGLang keeps
-            # --skip-tokenizer-init: requests carry token ids).
-            built = tokenizer.build(TINY_MODEL, cls.workdir / "tokenizer")
-            tokenizer_args = ["--tokenizer-path", str(built)]
-            follower = cls.group.launch(
-                1,
-                sidecar=dynamo.DYNAMO,
-                sidecar_args=dynamo.sidecar_args(
-                    follower=True, endpoint=cls.group.grpc_endpoint(1)
-                ),
-                extra=tokenizer_args,
-            )
-            leader = cls.group.launch(
-                0,
-                sidecar=dynamo.DYNAMO,
-                sidecar_args=dynamo.sidecar_args(
-                    follower=False, endpoint=cls.group.grpc_endpoint(0)
-                ),
-                extra=[*dynamo.LEADER_ARGS, *tokenizer_args],
-            )
-            # Follower first: it waits for its leader in the rendezvous, as in production.
-            began = time.monotonic()
-            # The follower runs SGLang's blocking follower branch, as launch_server does in
-            # production: how the node ends when its scheduler raises is part of the test.
-            cls.follower, cls.leader = cls._stack.enter_context(
-                nodes.running(follower, leader, names=["follower", "leader"],
-                              roles=["blocking-follower", None], log_dir=cls.workdir)
-            )  # fmt: skip
-            cls.leader.expect_ready()
-            cls.follower.wait_serving()
-            report_launch(
-                "two nodes, TP 2 / attention DP 2, Dynamo sidecars",
-                [cls.leader, cls.follower],
-                began,
-            )
-            cls.nodes = [cls.leader, cls.follower]
-            cls.infos = [node.server_info() for node in cls.nodes]
-            cls.router = dynamo.Router(cls.leader.host, PAGE_SIZE, cls.workdir / "router.log")
-            cls._stack.callback(cls.router.stop)
-            cls.frontend = dynamo.Frontend(
-                cls.leader.host, cls.leader.address, cls.workdir / "home",
-                cls.workdir / "frontend.log",
-            )  # fmt: skip
-            cls._stack.callback(cls.frontend.stop)
-        except BaseException:
-            # The nodes' logs say why, before the stack stops them.
-            nodes.print_logs([getattr(cls, name) for name in ("leader", "follower")
-                              if hasattr(cls, name)])  # fmt: skip
-            cls._stack.close()
-            raise
-
-    @classmethod
-    def tearDownClass(cls):
-        try:
-            cls._stack.close()
-        finally:
-            super().tearDownClass()
+    def start(cls, stack: contextlib.ExitStack) -> None:
+        cls.group = EngineGroup(2, ATTENTION_DP)
+        tokenizer_args = dynamo.enter_consumer(stack, cls.workdir)
+        follower = cls.group.launch(
+            1,
+            sidecar=dynamo.DYNAMO,
+            sidecar_args=dynamo.sidecar_args(follower=True, endpoint=cls.group.grpc_endpoint(1)),
+            extra=tokenizer_args,
+        )
+        leader = cls.group.launch(
+            0,
+            sidecar=dynamo.DYNAMO,
+            sidecar_args=dynamo.sidecar_args(follower=False, endpoint=cls.group.grpc_endpoint(0)),
+            extra=[*dynamo.LEADER_ARGS, *tokenizer_args],
+        )
+        # Follower first: it waits for its leader in the rendezvous, as in production.
+        began = time.monotonic()
+        # The follower runs SGLang's blocking follower branch, as launch_server does in
+        # production: how the node ends when its scheduler raises is part of the test.
+        cls.started = stack.enter_context(
+            nodes.running(follower, leader, names=["follower", "leader"],
+                          roles=["blocking-follower", None], log_dir=cls.workdir)
+        )  # fmt: skip
+        cls.follower, cls.leader = cls.started
+        cls.leader.expect_ready()
+        cls.follower.wait_serving()
+        report_launch(
+            "two nodes, TP 2 / attention DP 2, Dynamo sidecars", [cls.leader, cls.follower], began
+        )
+        cls.nodes = [cls.leader, cls.follower]
+        cls.infos = [node.server_info() for node in cls.nodes]
+        cls.router = dynamo.Router(cls.leader.host, PAGE_SIZE, cls.workdir / "router.log")
+        stack.callback(cls.router.stop)
+        cls.frontend = dynamo.Frontend(
+            cls.leader.host, cls.leader.address, cls.workdir / "home", cls.workdir / "frontend.log"
+        )
+        stack.callback(cls.frontend.stop)
 
     def target(self, node_rank: int) -> str:
         return f"{self.group.address(node_rank)}:{self.group.grpc_ports[node_rank]}"

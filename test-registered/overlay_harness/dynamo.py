@@ -24,8 +24,10 @@ import subprocess
 import sys
 import uuid
 from pathlib import Path
+from unittest import mock
 
-from overlay_harness import differences, dynamo_client, inside, netns, ports, probes
+from overlay_harness import differences, dynamo_client, inside, netns, ports, probes, tokenizer
+from overlay_harness.group import TINY_MODEL
 from overlay_harness.nodes import wait_for
 
 DYNAMO = "dynamo.sglang.sidecar"
@@ -83,6 +85,17 @@ def consumer_environ(workdir: Path, *, legacy: bool | None) -> dict[str, str]:
     elif differences.differs(differences.DYNAMO_SWITCH_DEFAULT):
         environ.update(differences.dp_size_switch(True))
     return environ
+
+
+def enter_consumer(stack: contextlib.ExitStack, workdir: Path) -> list[str]:
+    """Sets this process's environment for a group whose nodes run Dynamo (the ``dp_size``
+    switch at the overlay's default) until ``stack`` closes, and builds the tokenizer the
+    frontend needs in the model card: SGLang's ``--tokenizer-path`` arguments for it (SGLang
+    keeps ``--skip-tokenizer-init``: requests carry token ids)."""
+    stack.enter_context(
+        mock.patch.dict(os.environ, consumer_environ(workdir, legacy=None), clear=True)
+    )
+    return ["--tokenizer-path", str(tokenizer.build(TINY_MODEL, workdir / "tokenizer"))]
 
 
 def sidecar_args(*, follower: bool, endpoint: str) -> list[str]:

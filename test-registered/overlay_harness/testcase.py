@@ -1,11 +1,14 @@
-"""The test case the tier's engine-launching classes start from."""
+"""The test cases the tier's engine-launching classes start from."""
 
 from __future__ import annotations
 
+import contextlib
 import tempfile
 from pathlib import Path
 
 from sglang.test.test_utils import CustomTestCase
+
+from overlay_harness import nodes
 
 
 class NodesTestCase(CustomTestCase):
@@ -22,3 +25,36 @@ class NodesTestCase(CustomTestCase):
     @classmethod
     def tearDownClass(cls):
         cls._tmp.cleanup()
+
+
+class DeploymentTestCase(NodesTestCase):
+    """A class whose tests share one launched deployment. ``start`` enters everything it
+    starts (nodes, Dynamo's processes, environment patches, the large-launch gate) into the
+    class's exit stack and lists its nodes in ``cls.started``; the stack is closed after the
+    last test, or at once when ``start`` fails, after printing the started nodes' logs (they
+    say why)."""
+
+    started: list[nodes.Node]
+
+    @classmethod
+    def start(cls, stack: contextlib.ExitStack) -> None:
+        raise NotImplementedError
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        cls._stack = contextlib.ExitStack()
+        cls.started = []
+        try:
+            cls.start(cls._stack)
+        except BaseException:
+            nodes.print_logs(cls.started)
+            cls._stack.close()
+            raise
+
+    @classmethod
+    def tearDownClass(cls):
+        try:
+            cls._stack.close()
+        finally:
+            super().tearDownClass()
