@@ -37,8 +37,10 @@ RANK_OUTSIDE_DP_SIZE = "KV source rank 1 is outside dp_size 1"
 TRANSPORT_ARGS = ["--discovery-backend", "file", "--request-plane", "tcp", "--event-plane", "zmq"]
 TRANSPORT_ENV = {"DYN_DISCOVERY_BACKEND": "file", "DYN_REQUEST_PLANE": "tcp",
                  "DYN_EVENT_PLANE": "zmq"}  # fmt: skip
-# What the leader's sidecar registers by default, and the router's own endpoints.
+# What the leader's sidecar registers by default (in prefill mode: the prefill endpoint), and
+# the router's own endpoints.
 WORKER_ENDPOINT = "dynamo.backend.generate"
+PREFILL_ENDPOINT = "dynamo.prefill.generate"
 OVERLAP_SCORES = "dynamo.router.get_overlap_scores"
 ROUTER_GENERATE = "dynamo.router.generate"
 # The leader's flag the released sidecar checks in server info.
@@ -98,8 +100,9 @@ def enter_consumer(stack: contextlib.ExitStack, workdir: Path) -> list[str]:
     return ["--tokenizer-path", str(tokenizer.build(TINY_MODEL, workdir / "tokenizer"))]
 
 
-def sidecar_args(*, follower: bool, endpoint: str) -> list[str]:
-    """``--sidecar-args`` for Dynamo's sidecar on a node whose gRPC server is at ``endpoint``.
+def sidecar_args(*, follower: bool, endpoint: str, mode: str | None = None) -> list[str]:
+    """``--sidecar-args`` for Dynamo's sidecar on a node whose gRPC server is at ``endpoint``,
+    serving the engine's disaggregation ``mode`` (``prefill`` or ``decode``) when given.
 
     The plugin hands the endpoint to this consumer in ``DYN_SIDECAR_GRPC_ENDPOINT``; the
     upstream series sets only ``SGLANG_GRPC_ENDPOINT`` (patches/DIFFERENCES.md), so there the
@@ -108,6 +111,8 @@ def sidecar_args(*, follower: bool, endpoint: str) -> list[str]:
             "10", *TRANSPORT_ARGS]  # fmt: skip
     if differences.differs(differences.DYNAMO_ENDPOINT_ENV):
         args += ["--grpc-endpoint", endpoint]
+    if mode is not None:
+        args += ["--disaggregation-mode", mode]
     return args
 
 
@@ -155,10 +160,10 @@ class DynamoProcess:
 
 
 class Router(DynamoProcess):
-    """Dynamo's standalone KV router on ``host`` (the leader's), routing to the leader's
-    registered worker with the group's page size; its log in ``log_path``. ``python`` and
-    ``environ`` choose the Dynamo version and its discovery directory; its clients run with
-    the same two."""
+    """Dynamo's standalone KV router on ``host`` (the leader's), routing to the workers
+    registered on ``endpoint`` (the leaders' by default) with the group's page size; its log in
+    ``log_path``. ``python`` and ``environ`` choose the Dynamo version and its discovery
+    directory; its clients run with the same two."""
 
     def __init__(
         self,
@@ -166,10 +171,11 @@ class Router(DynamoProcess):
         block_size: int,
         log_path: Path,
         *,
+        endpoint: str = WORKER_ENDPOINT,
         python: str = sys.executable,
         environ: dict[str, str] | None = None,
     ):
-        args = ["--endpoint", WORKER_ENDPOINT, "--router-block-size", str(block_size)]
+        args = ["--endpoint", endpoint, "--router-block-size", str(block_size)]
         super().__init__(host, "dynamo.router", args, log_path, python=python, environ=environ)
 
     def call(self, endpoint: str, payload: dict) -> list:
@@ -239,6 +245,55 @@ class Router(DynamoProcess):
         }
 
 
+class PrefillDecodeRouters:
+    """Two standalone routers on ``host``, one scoring the prefill workers and one the decode
+    workers, the oracle of what a disaggregated deployment's events told a router. Both serve
+    the same ``get_overlap_scores`` endpoint (a router's own endpoints are named after its
+    workers' namespace), so :meth:`target_scores` asks each instance and merges the answers:
+    the prefill and decode workers' ids differ."""
+
+    def __init__(self, host: netns.Host | None, block_size: int, workdir: Path):
+        self.host = host
+        self.routers: list[Router] = []
+        try:
+            for endpoint, name in ((PREFILL_ENDPOINT, "prefill"), (WORKER_ENDPOINT, "decode")):
+                log_path = workdir / f"router-{name}.log"
+                self.routers.append(Router(host, block_size, log_path, endpoint=endpoint))
+        except BaseException:
+            self.stop()
+            raise
+
+    def target_scores(self, token_ids: list[int]) -> dict[tuple[int, int], int]:
+        """Matched device blocks per (worker id, DP rank) target, prefill and decode alike."""
+        for router in self.routers:
+            if router.proc.poll() is not None:  # no use waiting out a deadline
+                raise RuntimeError(f"{router.argv} exited {router.proc.returncode}: "
+                                   f"{router.log_text()[-2000:]}")  # fmt: skip
+        answers = inside.run(self.host, dynamo_client.call_every, OVERLAP_SCORES,
+                             {"token_ids": token_ids}, len(self.routers))  # fmt: skip
+        return {
+            (worker["worker_id"], worker["dp_rank"]): worker["device_blocks"]
+            for (scores,) in answers
+            for worker in scores["workers"]
+        }
+
+    def stop(self) -> None:
+        for router in self.routers:
+            router.stop()
+
+
+def pin(target: tuple[int, int]) -> dict:
+    """Frontend ``nvext`` fields pinning a request to an aggregated (worker id, DP rank)."""
+    return {"backend_instance_id": target[0], "dp_rank": target[1]}
+
+
+def pin_disaggregated(prefill: tuple[int, int], decode: tuple[int, int]) -> dict:
+    """Frontend ``nvext`` fields pinning a request's prefill and decode (worker id, DP rank)
+    (Dynamo 1.6.1 reads ``dp_rank`` as the decode's rank here)."""
+    return {"prefill_worker_id": prefill[0], "prefill_dp_rank": prefill[1],
+            "decode_worker_id": decode[0], "dp_rank": decode[1]}  # fmt: skip
+
+
 class Frontend(DynamoProcess):
     """Dynamo's OpenAI-compatible frontend (``python -m dynamo.frontend``) on ``host``, in KV
     router mode, serving HTTP on ``address``, where users' requests enter. It serves a model
@@ -278,14 +333,13 @@ class Frontend(DynamoProcess):
         prompts: list[list[int]],
         max_tokens: int,
         concurrency: int,
-        target: tuple[int, int] | None = None,
+        pinned: dict | None = None,
     ) -> list[dict]:
-        """Each prompt as an OpenAI completion through the frontend, pinned to ``target``
-        (worker id, DP rank) when given, up to ``concurrency`` at once: per prompt, in order,
-        where it was routed and its tokens (as :func:`frontend_reply`), or ``{"error": ...}``."""
-        nvext: dict = {"extra_fields": ["worker_id"]}
-        if target is not None:
-            nvext.update(backend_instance_id=target[0], dp_rank=target[1])
+        """Each prompt as an OpenAI completion through the frontend, pinned where ``pinned``
+        (:func:`pin`, :func:`pin_disaggregated`) says when given, up to ``concurrency`` at once:
+        per prompt, in order, where it was routed and its tokens (as :func:`frontend_reply`),
+        or ``{"error": ...}``."""
+        nvext: dict = {"extra_fields": ["worker_id"], **(pinned or {})}
         requests = [[prompt, max_tokens, nvext] for prompt in prompts]
         replies = inside.run(
             self.host, probes.completions, self.port, self.address, self.model, requests,
@@ -296,12 +350,14 @@ class Frontend(DynamoProcess):
 
 def frontend_reply(reply: dict) -> dict:
     """What one completion's ``usage`` and ``nvext.worker_id`` say: the worker and DP ranks it
-    was routed to, the tokens in and out, and the cached tokens the engine reported."""
+    was routed to (an aggregated worker is its own prefill and decode worker), the tokens in
+    and out, and the cached tokens the engine reported."""
     routed, usage = reply["nvext"]["worker_id"], reply["usage"]
     return {
         "prefill_dp_rank": routed["prefill_dp_rank"],
         "decode_dp_rank": routed["decode_dp_rank"],
         "prefill_worker_id": routed.get("prefill_worker_id"),
+        "decode_worker_id": routed.get("decode_worker_id"),
         "cached_tokens": (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0,
         "prompt_tokens": usage["prompt_tokens"],
         "completion_tokens": usage.get("completion_tokens"),

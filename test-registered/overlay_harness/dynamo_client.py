@@ -28,3 +28,30 @@ def call(endpoint: str, payload: Any, seconds: float = 60.0) -> list:
             runtime.shutdown()
 
     return asyncio.run(asyncio.wait_for(responses(), seconds))
+
+
+def call_every(endpoint: str, payload: Any, instances: int, seconds: float = 60.0) -> list[list]:
+    """Every response of one call to each of ``instances`` instances of ``endpoint`` (several
+    processes serving the same endpoint), once that many are registered: one list per
+    instance, in instance-id order."""
+    import asyncio
+
+    from dynamo.runtime import DistributedRuntime
+
+    async def responses() -> list[list]:
+        loop = asyncio.get_running_loop()
+        runtime = DistributedRuntime(loop, "file", "tcp", event_plane="zmq")
+        try:
+            client = await runtime.endpoint(endpoint).client()
+            while len(client.instance_ids()) < instances:
+                await asyncio.sleep(0.2)
+            replies = []
+            for instance in sorted(client.instance_ids()):
+                stream = await client.direct(payload, instance)
+                replies.append([item.data() if hasattr(item, "data") else item
+                                async for item in stream])  # fmt: skip
+            return replies
+        finally:
+            runtime.shutdown()
+
+    return asyncio.run(asyncio.wait_for(responses(), seconds))

@@ -18,6 +18,11 @@ The report measured each deployment the same way, and so does this module:
 - **events**: the router's overlap scores show each target's pinned prompt on that target and
   nowhere else: its ``BlockStored`` events reached the router.
 
+On a disaggregated deployment the targets are the prefill's and the decode's (worker, DP rank)
+pairs, scored by one router per kind (``dynamo.PrefillDecodeRouters``); each (prefill, decode)
+pair is pinned in turn (``disaggregated_pins``), and the unpinned repeats must find the prefill
+target that holds their prefix: that is where a KV router's choice saves the work.
+
 What a deployment's test asserts is the counts (``Measured.assert_seed_pass``); the figures go
 to stderr as a row of the validation table (``report``). ``make test`` asserts the overlay's
 column, the newest release with the plugin: the benchmark runs there
@@ -105,6 +110,30 @@ class Measured:
 Target = tuple[int, int]  # (Dynamo worker id, DP rank)
 
 
+@dataclasses.dataclass(frozen=True)
+class Pin:
+    """One target's targeted requests: the ``target`` whose cache the unpinned repeats must
+    find (a prefill target on a disaggregated deployment), the ``holders`` the pinned
+    requests are routed to and whose events must then show the prompt (the target, and on a
+    disaggregated deployment the decode target too), and the frontend's ``nvext`` fields
+    that pin them there."""
+
+    target: Target
+    holders: tuple[Target, ...]
+    nvext: dict
+
+
+def aggregated_pins(targets: list[Target]) -> list[Pin]:
+    """One pin per target of an aggregated deployment."""
+    return [Pin(target, (target,), dynamo.pin(target)) for target in targets]
+
+
+def disaggregated_pins(prefill: list[Target], decode: list[Target]) -> list[Pin]:
+    """One pin per (prefill target, decode target) pair: every target of both kinds is pinned,
+    and the repeats check the prefill side, where a KV router's choice saves the work."""
+    return [Pin(p, (p, d), dynamo.pin_disaggregated(p, d)) for p in prefill for d in decode]
+
+
 def served(reply: dict, tokens: int) -> bool:
     return "error" not in reply and reply["completion_tokens"] == tokens
 
@@ -118,6 +147,16 @@ def from_cache(reply: dict) -> bool:
 
 def routed_to(reply: dict, target: Target) -> bool:
     return "error" not in reply and (reply["prefill_worker_id"], reply["prefill_dp_rank"]) == target
+
+
+def routed_to_all(reply: dict, holders: tuple[Target, ...]) -> bool:
+    """Whether the reply's prefill or decode (worker, DP rank) is each of ``holders``."""
+    if "error" in reply:
+        return False
+    decode_worker = reply["decode_worker_id"] or reply["prefill_worker_id"]
+    routed = {(reply["prefill_worker_id"], reply["prefill_dp_rank"]),
+              (decode_worker, reply["decode_dp_rank"])}  # fmt: skip
+    return set(holders) <= routed
 
 
 def benchmark(frontend: dynamo.Frontend) -> Benchmark:
@@ -137,27 +176,33 @@ def benchmark(frontend: dynamo.Frontend) -> Benchmark:
     )
 
 
-def targeted(frontend: dynamo.Frontend, router: dynamo.Router, targets: list[Target]) -> Targeted:
-    """The targeted requests through ``frontend`` and the event check on ``router``, per
-    target."""
+def targeted(frontend: dynamo.Frontend, router, pins: list[Pin], targets: list[Target]) -> Targeted:
+    """The targeted requests through ``frontend`` and the event check on ``router`` (a
+    :class:`dynamo.Router` or :class:`dynamo.PrefillDecodeRouters`, knowing ``targets``), per
+    pin."""
     counts = Targeted(targets=len(targets))
-    for target in targets:
+    seen: set[Target] = set()
+    for pin in pins:
         prompt = kv_events.prompt(INPUT_TOKENS)
         pinned = frontend.generate_many([prompt] * PINNED_PER_TARGET, TARGETED_OUTPUT_TOKENS, 1,
-                                        target)  # fmt: skip
+                                        pin.nvext)  # fmt: skip
         # The first one stores the prompt; the second is served from that cache.
         checks = [
-            (from_cache(r) if index else served(r, TARGETED_OUTPUT_TOKENS)) and routed_to(r, target)
+            (from_cache(r) if index else served(r, TARGETED_OUTPUT_TOKENS))
+            and routed_to_all(r, pin.holders)
             for index, r in enumerate(pinned)
         ]
-        count(counts, f"{target} pinned", pinned, checks, unpinned=False)
-        if events_seen(router, prompt, target, targets):
-            counts.event_targets += 1
+        count(counts, f"{pin.holders} pinned", pinned, checks, unpinned=False)
+        unseen = events_seen(router, prompt, pin.holders, targets)
+        if unseen is None:
+            seen.update(pin.holders)
         else:
-            counts.failures.append(f"{target}: the router never saw its pinned prompt")
+            counts.failures.append(f"{pin.holders}: the router never scored its pinned prompt "
+                                   f"there alone, last {unseen}")  # fmt: skip
         repeats = frontend.generate_many([prompt] * UNPINNED_PER_TARGET, TARGETED_OUTPUT_TOKENS, 1)
-        checks = [from_cache(r) and routed_to(r, target) for r in repeats]
-        count(counts, f"{target} unpinned", repeats, checks, unpinned=True)
+        checks = [from_cache(r) and routed_to(r, pin.target) for r in repeats]
+        count(counts, f"{pin.target} unpinned", repeats, checks, unpinned=True)
+    counts.event_targets = len(seen)
     return counts
 
 
@@ -171,20 +216,27 @@ def count(counts: Targeted, what: str, replies: list[dict], checks: list[bool], 
     counts.failures += [f"{what}: {r}" for r, ok in zip(replies, checks, strict=True) if not ok]
 
 
-def events_seen(
-    router: dynamo.Router, prompt: list[int], target: Target, targets: list[Target]
-) -> bool:
-    """Whether the router scores the prompt's pages on ``target`` and on no other target."""
+def events_seen(router, prompt: list[int], holders: tuple[Target, ...],
+                targets: list[Target]) -> dict | None:  # fmt: skip
+    """None once the router scores the prompt's pages on each of ``holders`` and on no other
+    target; otherwise (after the router's deadline) the last scores it gave."""
     pages = len(prompt) // PAGE_SIZE
-    wanted = {t: pages if t == target else 0 for t in targets}
+    wanted = {t: pages if t in holders else 0 for t in targets}
+    last: dict = {}
+
+    def matches() -> bool:
+        last.clear()
+        last.update(router.target_scores(prompt))
+        return last == wanted
+
     try:
-        nodes.wait_for(lambda: router.target_scores(prompt) == wanted, dynamo.ROUTER_DEADLINE, "")
+        nodes.wait_for(matches, dynamo.ROUTER_DEADLINE, "")
     except AssertionError:
-        return False
-    return True
+        return last
+    return None
 
 
-def registered_targets(router: dynamo.Router, expected: int) -> list[Target]:
+def registered_targets(router, expected: int) -> list[Target]:
     """The router's (worker, DP rank) targets once it knows ``expected`` of them, in order."""
     probe = kv_events.prompt()
     scores = nodes.wait_for(
@@ -203,9 +255,15 @@ def benchmark_asserted_here() -> bool:
 
 
 def measure(
-    deployment: str, frontend: dynamo.Frontend, router: dynamo.Router, targets: list[Target]
+    deployment: str,
+    frontend: dynamo.Frontend,
+    router,
+    targets: list[Target],
+    pins: list[Pin] | None = None,
 ) -> Measured:
     """The seed's measurements of a deployment with ``targets`` (the benchmark where
-    :func:`benchmark_asserted_here`)."""
+    :func:`benchmark_asserted_here`), pinned as ``pins`` say (by default one pin per target
+    of an aggregated deployment)."""
     bench = benchmark(frontend) if benchmark_asserted_here() else None
-    return Measured(deployment, bench, targeted(frontend, router, targets))
+    pins = aggregated_pins(targets) if pins is None else pins
+    return Measured(deployment, bench, targeted(frontend, router, pins, targets))

@@ -12,11 +12,14 @@ INPUT = seed_checks.INPUT_TOKENS
 TOKENS = seed_checks.TARGETED_OUTPUT_TOKENS
 
 
-def reply(cached: int, worker: int = 7, rank: int = 1, tokens: int = TOKENS) -> dict:
+def reply(cached: int, worker: int = 7, rank: int = 1, tokens: int = TOKENS,
+          decode: tuple[int | None, int] | None = None) -> dict:  # fmt: skip
+    decode_worker, decode_rank = decode or (None, rank)
     return {
         "prefill_worker_id": worker,
         "prefill_dp_rank": rank,
-        "decode_dp_rank": rank,
+        "decode_worker_id": decode_worker,
+        "decode_dp_rank": decode_rank,
         "cached_tokens": cached,
         "prompt_tokens": INPUT,
         "completion_tokens": tokens,
@@ -35,6 +38,30 @@ def test_a_reply_counts_for_its_target_only() -> None:
     assert not seed_checks.routed_to(reply(0, worker=8), TARGET)
     assert not seed_checks.routed_to(reply(0, rank=0), TARGET)
     assert not seed_checks.routed_to({"error": "timeout"}, TARGET)
+
+
+def test_a_pinned_reply_must_reach_every_holder() -> None:
+    # Aggregated: the worker is its own decode worker (the frontend names no decode worker).
+    assert seed_checks.routed_to_all(reply(0), (TARGET,))
+    assert not seed_checks.routed_to_all(reply(0, rank=0), (TARGET,))
+    # Disaggregated: the prefill target and the decode target, each on its own worker.
+    pair = (TARGET, (9, 0))
+    assert seed_checks.routed_to_all(reply(0, decode=(9, 0)), pair)
+    assert not seed_checks.routed_to_all(reply(0, decode=(9, 1)), pair)
+    assert not seed_checks.routed_to_all(reply(0, rank=0, decode=(9, 0)), pair)
+    assert not seed_checks.routed_to_all({"error": "400"}, pair)
+
+
+def test_disaggregated_pins_cover_every_prefill_and_decode_pair() -> None:
+    prefill, decode = [(7, 0), (7, 1)], [(9, 0), (9, 1)]
+    pins = seed_checks.disaggregated_pins(prefill, decode)
+    assert [pin.holders for pin in pins] == [(p, d) for p in prefill for d in decode]
+    assert [pin.target for pin in pins] == [p for p in prefill for _d in decode]
+    assert pins[1].nvext == {"prefill_worker_id": 7, "prefill_dp_rank": 0,
+                             "decode_worker_id": 9, "dp_rank": 1}  # fmt: skip
+    # The seed's 36 targeted requests, 28 of them unpinned, from two ranks of each kind.
+    per_pin = seed_checks.PINNED_PER_TARGET + seed_checks.UNPINNED_PER_TARGET
+    assert len(pins) * per_pin == 36
 
 
 def test_counts_keep_pinned_and_unpinned_apart_and_name_each_failure() -> None:
