@@ -24,9 +24,8 @@ import fcntl
 import inspect
 import json
 import os
+import select
 import signal
-import time
-from pathlib import Path
 from typing import Any
 
 FAULT_ENV = "OVERLAY_HARNESS_SCHEDULER_FAULT"
@@ -85,20 +84,26 @@ def _create_publishers_one_at_a_time(publisher_class: Any, server_args: Any) -> 
 DEATH_DEADLINE = 60.0
 
 
-def _dead(pid: int) -> bool:
-    """Whether ``pid`` has exited: gone, or a zombie (what ``waitpid`` and a pidfd see)."""
+def _wait_until_dead(pid: int, seconds: float) -> None:
+    """Until ``pid`` has exited as its parent's ``waitpid`` sees it (or ``seconds`` pass): its
+    whole thread group gone. A pidfd polls readable only then; ``/proc/<pid>/stat`` shows the
+    leader a zombie while its other threads still exit, and on a loaded machine the engine's
+    ``is_alive()`` then still found the scheduler alive."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True
-    return stat.rpartition(")")[2].split()[0] in ("Z", "X")
+        pidfd = os.pidfd_open(pid)
+    except ProcessLookupError:  # already exited and reaped
+        return
+    try:
+        select.select([pidfd], [], [], seconds)
+    finally:
+        os.close(pidfd)
 
 
 class _ReadyAfterDeath:
     """The scheduler's ready pipe, whose first message is delivered only after the scheduler
     is dead: a forked child sees EOF on a pipe only the scheduler writes to, waits until the
-    scheduler is a zombie (its files close before its exit is final: on a loaded machine the
-    engine could otherwise still see it alive), and sends it; the scheduler SIGKILLs itself."""
+    scheduler's exit is final (its files close before that: on a loaded machine the engine
+    could otherwise still see it alive), and sends it; the scheduler SIGKILLs itself."""
 
     def __init__(self, pipe_writer: Any) -> None:
         self._pipe_writer = pipe_writer
@@ -109,9 +114,7 @@ class _ReadyAfterDeath:
         if os.fork() == 0:
             os.close(death_w)
             os.read(death_r, 1)
-            deadline = time.monotonic() + DEATH_DEADLINE
-            while not _dead(scheduler) and time.monotonic() < deadline:
-                time.sleep(0.005)
+            _wait_until_dead(scheduler, DEATH_DEADLINE)
             self._pipe_writer.send(message)
             os._exit(0)
         os.close(death_r)
