@@ -247,6 +247,23 @@ def registered_targets(router, expected: int) -> list[Target]:
     return sorted(scores, key=lambda target: (target[1], target[0]))
 
 
+def first_served(frontend: dynamo.Frontend) -> dict:
+    """One unpinned request's reply, once the frontend serves one: where it was routed names
+    the deployment's workers. A frontend lists the model before every worker kind can be
+    routed to (503 until then)."""
+    last: list = []
+
+    def served_once() -> dict | None:
+        (reply,) = frontend.generate_many([kv_events.prompt(INPUT_TOKENS)], 1, 1)
+        last[:] = [reply]
+        return reply if "error" not in reply else None
+
+    try:
+        return nodes.wait_for(served_once, dynamo.ROUTER_DEADLINE, "")
+    except AssertionError:
+        raise AssertionError(f"the frontend served no request: {last}") from None
+
+
 def benchmark_asserted_here() -> bool:
     """Whether this session is the column ``make test`` asserts: the newest release, with the
     plugin."""

@@ -1,0 +1,172 @@
+"""Attention DP disaggregated (the seeds' deployment 4), the seed's shape: a TP 2 / attention-DP 2
+prefill engine across two nodes and a decode engine of the same shape across two more, moving
+real KV pages, behind Dynamo's OpenAI frontend.
+
+CPU-only: four hosts (``overlay_harness.netns``), SGLang's real schedulers on the CPU test
+platform, Mooncake's CPU build writing every request's KV pages over TCP from the prefill rank
+that computed them to the decode rank that generates (the platform and launch flags of
+``test_ordinary_dp_bootstrap_rank.py``). Every node runs Dynamo 1.6.1's sidecar under the
+overlay's supervisor, in its engine's disaggregation mode: serving on the leaders, relaying on
+the followers (``--sidecar-on-followers``). In the seed's run a stock follower's sidecar rejected
+rank 1 ("outside dp_size 1") before anything was served; here each follower advertises its own
+rank's events and the leader's sidecar registers both ranks.
+
+Dynamo's frontend (KV router mode) and the two oracle routers (``dynamo.PrefillDecodeRouters``,
+started before the engines) run on the decode leader's host. The seed's measurements
+(``overlay_harness.seed_checks``): the routers know both prefill and both decode ranks; the
+benchmark (newest release's session); each (prefill rank, decode rank) pair pinned in turn,
+the unpinned repeats finding the prefill rank that holds their prompt (36 requests, 28
+unpinned); every rank's events seen by its router. Transfers: every digest a prefill node
+sent is verified by a decode node, and no request fails a checksum.
+
+The four nodes are the largest topology of the tier (8.5 GiB PSS), so the class holds the
+machine's large-topology gate (``overlay_harness.gate``), and it runs in the newest release's
+session with the plugin only (``seed_checks.benchmark_asserted_here``): the column ``make test``
+asserts. The prefill's transferred bytes are not checked here: a follower node serves no
+``/metrics``, so half the transfers would be unseen (deployment 3 checks them).
+"""
+
+import collections
+import contextlib
+import re
+import time
+import unittest
+
+import pytest
+from overlay_harness import dynamo, gate, netns, nodes, ports, seed_checks
+from overlay_harness.checks import report_launch
+from overlay_harness.group import PAGE_SIZE, EngineGroup
+from overlay_harness.testcase import DeploymentTestCase
+from sglang.test.ci.ci_register import register_cpu_ci
+
+pytestmark = pytest.mark.large_launch
+
+register_cpu_ci(est_time=240, suite="base-a-test-cpu")
+
+ATTENTION_DP = ["--tp", "2", "--dp", "2", "--enable-dp-attention"]
+BACKEND = "mooncake_tcp"
+STOP_TIMEOUT = 10.0
+CHECKSUM = re.compile(r"overlay CPU test platform: KV checksum (0x[0-9a-f]+) over (\d+) pages")
+PD_ARGS = ["--disaggregation-transfer-backend", BACKEND, "--disaggregation-enable-kv-checksum"]
+PREFILL_ARGS = [*PD_ARGS, "--disaggregation-mode", "prefill", "--disable-overlap-schedule"]
+DECODE_ARGS = [*PD_ARGS, "--disaggregation-mode", "decode",
+               "--disaggregation-decode-retraction-backup", "cpu_tensor",
+               "--disaggregation-decode-enable-radix-cache"]  # fmt: skip
+
+
+def missing_piece() -> str | None:
+    """What this env lacks for a real PD transfer on the CPU, or None."""
+    import importlib.util
+
+    try:
+        from sglang.srt.arg_groups.choices import DISAGG_TRANSFER_BACKEND_CHOICES
+    except ImportError:
+        DISAGG_TRANSFER_BACKEND_CHOICES = ()
+    if BACKEND not in DISAGG_TRANSFER_BACKEND_CHOICES:
+        return f"this SGLang has no --disaggregation-transfer-backend {BACKEND}"
+    if importlib.util.find_spec("mooncake") is None:
+        return "Mooncake's CPU build (mooncake-transfer-engine-non-cuda) is not in this env"
+    return None
+
+
+MISSING = missing_piece()
+
+
+def digests(node: nodes.Node) -> list[str]:
+    """Every KV digest the CPU platform logged on ``node``, in order."""
+    return [match.group(1) for match in CHECKSUM.finditer(node.log_text())]
+
+
+def digests_since(started: list[nodes.Node], before: list[int]) -> list[str]:
+    """The digests each of ``started`` logged after its first ``before`` ones, node after node."""
+    return [digest for node, count in zip(started, before, strict=True)
+            for digest in digests(node)[count:]]  # fmt: skip
+
+
+@unittest.skipIf(MISSING is not None, f"no real PD transfer here: {MISSING}")
+@unittest.skipUnless(
+    seed_checks.benchmark_asserted_here(),
+    "the four-node deployment runs in the newest release's session with the plugin only "
+    "(make test's budget; every column is make validate's)",
+)
+class TestAttentionDPDisaggregation(DeploymentTestCase):
+    @classmethod
+    def start(cls, stack: contextlib.ExitStack) -> None:
+        stack.enter_context(gate.large_launch(cls.__name__))
+        tokenizer_args = dynamo.enter_consumer(stack, cls.workdir)
+        network = netns.Network(4)
+        prefill_group = EngineGroup(2, ATTENTION_DP, network=network, first_host=0)
+        decode_group = EngineGroup(2, ATTENTION_DP, network=network, first_host=2)
+        # Before the workers register: see test_ordinary_dp_bootstrap_rank.py.
+        network.acquire()
+        stack.callback(network.release)
+        routers = dynamo.PrefillDecodeRouters(decode_group.host(0), PAGE_SIZE, cls.workdir)
+        stack.callback(routers.stop)
+        bootstrap = ports.free_port()
+        prefill_extra = [*PREFILL_ARGS, "--disaggregation-bootstrap-port", str(bootstrap)]
+        launches, names = [], []
+        for group, kind, extra in ((prefill_group, "prefill", prefill_extra),
+                                   (decode_group, "decode", DECODE_ARGS)):  # fmt: skip
+            # Followers first: each waits for its leader in the rendezvous, as in production.
+            for node_rank in (1, 0):
+                leader_args = dynamo.LEADER_ARGS if node_rank == 0 else []
+                launches.append(group.launch(
+                    node_rank, sidecar=dynamo.DYNAMO,
+                    sidecar_args=dynamo.sidecar_args(follower=node_rank > 0, mode=kind,
+                                                     endpoint=group.grpc_endpoint(node_rank)),
+                    extra=[*extra, *leader_args, *tokenizer_args]))  # fmt: skip
+                names.append(f"{kind}-{'leader' if node_rank == 0 else 'follower'}")
+        began = time.monotonic()
+        cls.started = stack.enter_context(
+            nodes.running(*launches, names=names, log_dir=cls.workdir, stop_timeout=STOP_TIMEOUT)
+        )
+        for node in cls.started:
+            node.expect_ready()
+        report_launch("four nodes, TP 2 / attention DP 2 prefill and decode, Dynamo sidecars",
+                      cls.started, began)  # fmt: skip
+        cls.prefill_nodes, cls.decode_nodes = cls.started[:2], cls.started[2:]
+        decode_leader = cls.decode_nodes[1]
+        frontend = dynamo.Frontend(decode_leader.host, decode_leader.address,
+                                   cls.workdir / "home", cls.workdir / "frontend.log")  # fmt: skip
+        stack.callback(frontend.stop)
+        cls._measure_through_dynamo(frontend, routers)
+
+    @classmethod
+    def _measure_through_dynamo(cls, frontend: dynamo.Frontend, routers) -> None:
+        targets = seed_checks.registered_targets(routers, 4)
+        frontend.wait_for_model()
+        sent_before = [len(digests(node)) for node in cls.prefill_nodes]
+        received_before = [len(digests(node)) for node in cls.decode_nodes]
+        # Which worker is which: the frontend names both in its reply.
+        probe = seed_checks.first_served(frontend)
+        prefill_targets = [t for t in targets if t[0] == probe["prefill_worker_id"]]
+        decode_targets = [t for t in targets if t[0] == probe["decode_worker_id"]]
+        cls.dynamo_targets = (prefill_targets, decode_targets)
+        cls.measured = seed_checks.measure(
+            "4. attention DP disaggregate, TP 2 / attention DP 2 prefill and decode on 4 nodes",
+            frontend, routers, targets,
+            seed_checks.disaggregated_pins(prefill_targets, decode_targets),
+        )  # fmt: skip
+        cls.sent = digests_since(cls.prefill_nodes, sent_before)
+        cls.received = digests_since(cls.decode_nodes, received_before)
+        cls.decode_logs = "".join(node.log_text() for node in cls.decode_nodes)
+
+    def test_1_the_seed_measurements_through_dynamos_frontend(self):
+        prefill_targets, decode_targets = self.dynamo_targets
+        self.assertEqual(sorted(rank for _worker, rank in prefill_targets), [0, 1])
+        self.assertEqual(sorted(rank for _worker, rank in decode_targets), [0, 1])
+        self.measured.report()
+        self.measured.assert_seed_pass()
+
+    def test_2_checksums_agree_for_every_request(self):
+        bench, targeted = self.measured.benchmark, self.measured.targeted
+        requests = targeted.requests + (2 * bench.requests if bench else 0)
+        # Every request a digest, the probes (one or more, until one was served) too.
+        self.assertGreaterEqual(len(self.sent), requests + 1, self.sent)
+        self.assertEqual(collections.Counter(self.received), collections.Counter(self.sent))
+        self.assertNotIn("KV checksum mismatch", self.decode_logs)
+        print(f"{requests} requests through Dynamo, each digest verified by a decode node")
+
+
+if __name__ == "__main__":
+    unittest.main()
