@@ -4,8 +4,8 @@ real KV pages, behind Dynamo's OpenAI frontend.
 
 CPU-only: four hosts (``overlay_harness.netns``), SGLang's real schedulers on the CPU test
 platform, Mooncake's CPU build writing every request's KV pages over TCP from the prefill rank
-that computed them to the decode rank that generates (the platform and launch flags of
-``test_ordinary_dp_bootstrap_rank.py``). Every node runs Dynamo 1.6.1's sidecar under the
+that computed them to the decode rank that generates (the platform's part and the launch
+flags in ``overlay_harness.pd``). Every node runs Dynamo 1.6.1's sidecar under the
 overlay's supervisor, in its engine's disaggregation mode: serving on the leaders, relaying on
 the followers (``--sidecar-on-followers``). In the seed's run a stock follower's sidecar rejected
 rank 1 ("outside dp_size 1") before anything was served; here each follower advertises its own
@@ -28,12 +28,11 @@ asserts. The prefill's transferred bytes are not checked here: a follower node s
 
 import collections
 import contextlib
-import re
 import time
 import unittest
 
 import pytest
-from overlay_harness import dynamo, gate, netns, nodes, ports, seed_checks
+from overlay_harness import dynamo, gate, netns, nodes, pd, ports, seed_checks
 from overlay_harness.checks import report_launch
 from overlay_harness.group import PAGE_SIZE, EngineGroup
 from overlay_harness.testcase import DeploymentTestCase
@@ -44,37 +43,15 @@ pytestmark = pytest.mark.large_launch
 register_cpu_ci(est_time=240, suite="base-a-test-cpu")
 
 ATTENTION_DP = ["--tp", "2", "--dp", "2", "--enable-dp-attention"]
-BACKEND = "mooncake_tcp"
 STOP_TIMEOUT = 10.0
-CHECKSUM = re.compile(r"overlay CPU test platform: KV checksum (0x[0-9a-f]+) over (\d+) pages")
-PD_ARGS = ["--disaggregation-transfer-backend", BACKEND, "--disaggregation-enable-kv-checksum"]
-PREFILL_ARGS = [*PD_ARGS, "--disaggregation-mode", "prefill", "--disable-overlap-schedule"]
-DECODE_ARGS = [*PD_ARGS, "--disaggregation-mode", "decode",
-               "--disaggregation-decode-retraction-backup", "cpu_tensor",
-               "--disaggregation-decode-enable-radix-cache"]  # fmt: skip
-
-
-def missing_piece() -> str | None:
-    """What this env lacks for a real PD transfer on the CPU, or None."""
-    import importlib.util
-
-    try:
-        from sglang.srt.arg_groups.choices import DISAGG_TRANSFER_BACKEND_CHOICES
-    except ImportError:
-        DISAGG_TRANSFER_BACKEND_CHOICES = ()
-    if BACKEND not in DISAGG_TRANSFER_BACKEND_CHOICES:
-        return f"this SGLang has no --disaggregation-transfer-backend {BACKEND}"
-    if importlib.util.find_spec("mooncake") is None:
-        return "Mooncake's CPU build (mooncake-transfer-engine-non-cuda) is not in this env"
-    return None
-
-
-MISSING = missing_piece()
+PREFILL_ARGS = [*pd.TRANSFER_ARGS, *pd.PREFILL_ARGS]
+DECODE_ARGS = [*pd.TRANSFER_ARGS, *pd.DECODE_ARGS]
+MISSING = pd.missing_piece()
 
 
 def digests(node: nodes.Node) -> list[str]:
     """Every KV digest the CPU platform logged on ``node``, in order."""
-    return [match.group(1) for match in CHECKSUM.finditer(node.log_text())]
+    return pd.checksums(node.log_text())
 
 
 def digests_since(started: list[nodes.Node], before: list[int]) -> list[str]:

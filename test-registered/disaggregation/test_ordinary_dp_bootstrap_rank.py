@@ -43,9 +43,7 @@ Both engines hold the machine's large-topology gate (``overlay_harness.gate``) w
 
 import collections
 import contextlib
-import importlib.util
 import json
-import re
 import unittest
 
 import pytest
@@ -71,7 +69,6 @@ pytestmark = pytest.mark.large_launch
 register_cpu_ci(est_time=240, suite="base-a-test-cpu")
 
 DP = 2
-BACKEND = "mooncake_tcp"
 PROMPT_TOKENS = 80  # five whole pages: every prompt token's KV is transferred
 NEW_TOKENS = 4
 FIRST_ROOM = 7_340_000_000
@@ -84,32 +81,10 @@ REQUEST_DEADLINE = 300.0
 STOP_TIMEOUT = 10.0
 CONFLICT = "follow_bootstrap_room conflict"
 NO_PLUGIN = "none"
-CHECKSUM = re.compile(r"overlay CPU test platform: KV checksum (0x[0-9a-f]+) over (\d+) pages")
-
-PD_ARGS = ["--dp-size", str(DP), "--disaggregation-transfer-backend", BACKEND,
-           "--enable-metrics", "--disaggregation-enable-kv-checksum"]  # fmt: skip
-PREFILL_ARGS = [*PD_ARGS, "--disaggregation-mode", "prefill", "--disable-overlap-schedule"]
-DECODE_ARGS = [*PD_ARGS, "--disaggregation-mode", "decode",
-               "--disaggregation-decode-retraction-backup", "cpu_tensor",
-               "--disaggregation-decode-enable-radix-cache"]  # fmt: skip
-
-
-def missing_piece() -> str | None:
-    """What this env lacks for a real PD transfer on the CPU, or None."""
-    try:
-        from sglang.srt.arg_groups.choices import DISAGG_TRANSFER_BACKEND_CHOICES
-    except ImportError:
-        DISAGG_TRANSFER_BACKEND_CHOICES = ()
-    if BACKEND not in DISAGG_TRANSFER_BACKEND_CHOICES:
-        return f"this SGLang has no --disaggregation-transfer-backend {BACKEND}"
-    if importlib.util.find_spec("mooncake") is None:
-        return "Mooncake's CPU build (mooncake-transfer-engine-non-cuda) is not in this env"
-    if importlib.util.find_spec("sglang.srt.disaggregation.checksum") is None:
-        return "this SGLang has no --disaggregation-enable-kv-checksum"
-    return None
-
-
-MISSING = missing_piece()
+PD_ARGS = ["--dp-size", str(DP), *pd.TRANSFER_ARGS, "--enable-metrics"]
+PREFILL_ARGS = [*PD_ARGS, *pd.PREFILL_ARGS]
+DECODE_ARGS = [*PD_ARGS, *pd.DECODE_ARGS]
+MISSING = pd.missing_piece()
 
 
 def digests_only_sent_pages() -> bool:
@@ -121,16 +96,6 @@ def digests_only_sent_pages() -> bool:
     from sglang.srt.disaggregation.checksum import page_indices_for_request
 
     return "start_idx" in inspect.signature(page_indices_for_request).parameters
-
-
-def checksums(log_text: str) -> list[str]:
-    """Every KV digest the CPU platform logged in a node's log, in order."""
-    return [match.group(1) for match in CHECKSUM.finditer(log_text)]
-
-
-def page_counts(log_text: str) -> list[int]:
-    """The pages of every KV digest the CPU platform logged in a node's log, in order."""
-    return [int(match.group(2)) for match in CHECKSUM.finditer(log_text)]
 
 
 def prompts(rooms: list[int]) -> list[list]:
@@ -231,8 +196,8 @@ class TestOrdinaryDPDisaggregation(DeploymentTestCase):
         every request it sent."""
         targets = seed_checks.registered_targets(routers, 2 * DP)
         frontend.wait_for_model()
-        sent_before, received_before = len(checksums(prefill.log_text())), len(
-            checksums(decode.log_text()))  # fmt: skip
+        sent_before, received_before = len(pd.checksums(prefill.log_text())), len(
+            pd.checksums(decode.log_text()))  # fmt: skip
         metrics_before = cls._metrics(prefill)
         # Which worker is which: the frontend names both in its reply.
         (probe,) = frontend.generate_many([kv_events.prompt(seed_checks.INPUT_TOKENS)], 1, 1)
@@ -249,9 +214,9 @@ class TestOrdinaryDPDisaggregation(DeploymentTestCase):
         cls.dynamo_transfers = [after - before for after, before in
                                 zip(metrics_after, metrics_before, strict=True)]  # fmt: skip
         prefill_log, cls.dynamo_decode_log = prefill.log_text(), decode.log_text()
-        cls.dynamo_sent = list(zip(checksums(prefill_log), page_counts(prefill_log),
+        cls.dynamo_sent = list(zip(pd.checksums(prefill_log), pd.page_counts(prefill_log),
                                    strict=True))[sent_before:]  # fmt: skip
-        cls.dynamo_received = checksums(cls.dynamo_decode_log)[received_before:]
+        cls.dynamo_received = pd.checksums(cls.dynamo_decode_log)[received_before:]
 
     def test_every_request_succeeds_on_both_prefill_ranks(self):
         self.assertEqual(len(self.replies), len(ROOMS))
@@ -263,8 +228,8 @@ class TestOrdinaryDPDisaggregation(DeploymentTestCase):
         self.assertEqual({room % DP for room in ROOMS}, set(range(DP)))
 
     def test_checksums_agree_on_both_sides(self):
-        sent = collections.Counter(checksums(self.prefill_log))
-        received = checksums(self.decode_log)
+        sent = collections.Counter(pd.checksums(self.prefill_log))
+        received = pd.checksums(self.decode_log)
         # The decode verifies every routed request once (the prefill also digests its warm-up).
         self.assertEqual(len(received), len(ROOMS), received)
         self.assertEqual(len(set(received)), len(ROOMS), received)

@@ -1,4 +1,5 @@
-"""Prefill/decode disaggregation: a minimal PD router, and what a prefill's metrics say.
+"""Prefill/decode disaggregation: the launch arguments a PD pair runs with on the CPU, a minimal
+PD router, what a prefill's metrics say, and the KV digests the CPU platform logs.
 
 A PD router sends each request to a prefill and a decode server at once, the same body on both
 plus ``bootstrap_host``, ``bootstrap_port`` and ``bootstrap_room`` (the prefill server's
@@ -14,7 +15,9 @@ The prefill's transferred bytes come from SGLang's own Prometheus histogram
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import re
 import threading
 import urllib.error
 import urllib.request
@@ -23,6 +26,43 @@ from typing import Any
 
 TRANSFER_METRIC = "sglang:kv_transfer_total_mb"
 MIB = 1024 * 1024
+BACKEND = "mooncake_tcp"
+# What both roles of a PD pair run with on the CPU (docs/compatibility.md): the real transfer
+# over Mooncake's TCP transport, and the KV checksum each side digests and the platform logs.
+TRANSFER_ARGS = ["--disaggregation-transfer-backend", BACKEND,
+                 "--disaggregation-enable-kv-checksum"]  # fmt: skip
+# The prefill's cached-prefix path records a CUDA event under the overlap scheduler.
+PREFILL_ARGS = ["--disaggregation-mode", "prefill", "--disable-overlap-schedule"]
+# The default host pool pins memory; the radix cache makes the decode publish KV events.
+DECODE_ARGS = ["--disaggregation-mode", "decode",
+               "--disaggregation-decode-retraction-backup", "cpu_tensor",
+               "--disaggregation-decode-enable-radix-cache"]  # fmt: skip
+CHECKSUM = re.compile(r"overlay CPU test platform: KV checksum (0x[0-9a-f]+) over (\d+) pages")
+
+
+def missing_piece() -> str | None:
+    """What this env lacks for a real PD transfer on the CPU, or None."""
+    try:
+        from sglang.srt.arg_groups.choices import DISAGG_TRANSFER_BACKEND_CHOICES
+    except ImportError:
+        DISAGG_TRANSFER_BACKEND_CHOICES = ()
+    if BACKEND not in DISAGG_TRANSFER_BACKEND_CHOICES:
+        return f"this SGLang has no --disaggregation-transfer-backend {BACKEND}"
+    if importlib.util.find_spec("mooncake") is None:
+        return "Mooncake's CPU build (mooncake-transfer-engine-non-cuda) is not in this env"
+    if importlib.util.find_spec("sglang.srt.disaggregation.checksum") is None:
+        return "this SGLang has no --disaggregation-enable-kv-checksum"
+    return None
+
+
+def checksums(log_text: str) -> list[str]:
+    """Every KV digest the CPU platform logged in a node's log, in order."""
+    return [match.group(1) for match in CHECKSUM.finditer(log_text)]
+
+
+def page_counts(log_text: str) -> list[int]:
+    """The pages of every KV digest the CPU platform logged in a node's log, in order."""
+    return [int(match.group(2)) for match in CHECKSUM.finditer(log_text)]
 
 
 def _post(url: str, body: dict, seconds: float) -> dict:
