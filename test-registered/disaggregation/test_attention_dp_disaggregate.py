@@ -110,19 +110,11 @@ class TestAttentionDPDisaggregation(DeploymentTestCase):
 
     @classmethod
     def _measure_through_dynamo(cls, frontend: dynamo.Frontend, routers) -> None:
-        targets = seed_checks.registered_targets(routers, 4)
-        frontend.wait_for_model()
         sent_before = [len(digests(node)) for node in cls.prefill_nodes]
         received_before = [len(digests(node)) for node in cls.decode_nodes]
-        # Which worker is which: the frontend names both in its reply.
-        probe = seed_checks.first_served(frontend)
-        prefill_targets = [t for t in targets if t[0] == probe["prefill_worker_id"]]
-        decode_targets = [t for t in targets if t[0] == probe["decode_worker_id"]]
-        cls.dynamo_targets = (prefill_targets, decode_targets)
-        cls.measured = seed_checks.measure(
+        cls.measured, *cls.dynamo_targets = seed_checks.measure_disaggregated(
             "4. attention DP disaggregate, TP 2 / attention DP 2 prefill and decode on 4 nodes",
-            frontend, routers, targets,
-            seed_checks.disaggregated_pins(prefill_targets, decode_targets),
+            frontend, routers, 2,
         )  # fmt: skip
         cls.sent = digests_since(cls.prefill_nodes, sent_before)
         cls.received = digests_since(cls.decode_nodes, received_before)

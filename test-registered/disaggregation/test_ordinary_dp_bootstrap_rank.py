@@ -194,21 +194,12 @@ class TestOrdinaryDPDisaggregation(DeploymentTestCase):
                                 frontend: dynamo.Frontend, routers) -> None:  # fmt: skip
         """Phase 2: the seed's measurements through Dynamo's frontend, and the checksums of
         every request it sent."""
-        targets = seed_checks.registered_targets(routers, 2 * DP)
-        frontend.wait_for_model()
         sent_before, received_before = len(pd.checksums(prefill.log_text())), len(
             pd.checksums(decode.log_text()))  # fmt: skip
         metrics_before = cls._metrics(prefill)
-        # Which worker is which: the frontend names both in its reply.
-        (probe,) = frontend.generate_many([kv_events.prompt(seed_checks.INPUT_TOKENS)], 1, 1)
-        assert "error" not in probe, probe
-        prefill_targets = [t for t in targets if t[0] == probe["prefill_worker_id"]]
-        decode_targets = [t for t in targets if t[0] == probe["decode_worker_id"]]
-        cls.dynamo_targets = (prefill_targets, decode_targets)
-        cls.measured = seed_checks.measure(
+        cls.measured, *cls.dynamo_targets = seed_checks.measure_disaggregated(
             "3. ordinary DP disaggregate, 1 prefill + 1 decode engine on 2 nodes",
-            frontend, routers, targets,
-            seed_checks.disaggregated_pins(prefill_targets, decode_targets),
+            frontend, routers, DP,
         )  # fmt: skip
         metrics_after = cls._metrics(prefill)
         cls.dynamo_transfers = [after - before for after, before in

@@ -284,3 +284,19 @@ def measure(
     bench = benchmark(frontend) if benchmark_asserted_here() else None
     pins = aggregated_pins(targets) if pins is None else pins
     return Measured(deployment, bench, targeted(frontend, router, pins, targets))
+
+
+def measure_disaggregated(
+    deployment: str, frontend: dynamo.Frontend, routers: dynamo.PrefillDecodeRouters, ranks: int
+) -> tuple[Measured, list[Target], list[Target]]:
+    """The seed's measurements of a prefill and a decode worker of ``ranks`` DP ranks each:
+    once the routers know all their targets and the frontend serves a first request (which
+    names the prefill and the decode worker), every (prefill, decode) pair pinned in turn.
+    Returns the measures, the prefill targets and the decode targets."""
+    targets = registered_targets(routers, 2 * ranks)
+    frontend.wait_for_model()
+    probe = first_served(frontend)
+    prefill = [target for target in targets if target[0] == probe["prefill_worker_id"]]
+    decode = [target for target in targets if target[0] == probe["decode_worker_id"]]
+    pins = disaggregated_pins(prefill, decode)
+    return measure(deployment, frontend, routers, targets, pins), prefill, decode
