@@ -12,7 +12,8 @@ Each engine runs ``--sidecar dynamo.sglang.sidecar`` (ai-dynamo 1.6.1) in leader
 overlay's supervisor, with the ``dp_size`` switch unset. Dynamo's frontend (KV router mode) and
 its standalone router (the oracle of what the events told a router) run on the first engine's
 host with file discovery, TCP requests and ZMQ events, reaching the second engine across the
-test's bridge.
+test's bridge. The launch is ``overlay_harness.deployments``' row 1, the one ``make validate``
+runs in every column.
 
 1. each engine lists both of its DP ranks' sources (distinct ranks and ports; the controller
    drops unknown ready keys before 0.5.22), each delivering a live batch of a real request on
@@ -29,13 +30,11 @@ last one's stop.
 """
 
 import contextlib
-import time
 import unittest
 
 import pytest
-from overlay_harness import dynamo, gate, netns, nodes, seed_checks
-from overlay_harness.checks import NodeInfoChecks, report_launch
-from overlay_harness.group import PAGE_SIZE, EngineGroup
+from overlay_harness import deployments, gate, seed_checks
+from overlay_harness.checks import NodeInfoChecks
 from overlay_harness.testcase import DeploymentTestCase
 from sglang.test.ci.ci_register import register_cpu_ci
 
@@ -43,7 +42,6 @@ pytestmark = pytest.mark.large_launch
 
 register_cpu_ci(est_time=150, suite="base-a-test-cpu")
 
-ORDINARY_DP = ["--tp", "1", "--dp", "2"]
 ENGINES = 2
 DP = 2
 
@@ -52,35 +50,11 @@ class TestOrdinaryDPAggregate(DeploymentTestCase, NodeInfoChecks):
     @classmethod
     def start(cls, stack: contextlib.ExitStack) -> None:
         stack.enter_context(gate.large_launch(cls.__name__))
-        tokenizer_args = dynamo.enter_consumer(stack, cls.workdir)
-        network = netns.Network(ENGINES)
-        cls.groups = [
-            EngineGroup(1, ORDINARY_DP, network=network, first_host=index)
-            for index in range(ENGINES)
-        ]
-        launches = [
-            group.launch(
-                0,
-                sidecar=dynamo.DYNAMO,
-                sidecar_args=dynamo.sidecar_args(follower=False, endpoint=group.grpc_endpoint(0)),
-                extra=[*dynamo.LEADER_ARGS, *tokenizer_args],
-            )
-            for group in cls.groups
-        ]
-        began = time.monotonic()
-        cls.engines = cls.started = stack.enter_context(
-            nodes.running(*launches, names=["engine-a", "engine-b"], log_dir=cls.workdir)
-        )
-        for engine in cls.engines:
-            engine.expect_ready()
-        report_launch("two engines, TP 1 / DP 2 each, Dynamo sidecars", cls.engines, began)
+        deployment = deployments.ordinary_dp_aggregate(stack, cls.workdir)
+        cls.engines = cls.started = deployment.nodes
+        cls.groups = [engine.launch.group for engine in cls.engines]
         cls.infos = [engine.server_info() for engine in cls.engines]
-        first = cls.engines[0]
-        cls.router = dynamo.Router(first.host, PAGE_SIZE, cls.workdir / "router.log")
-        stack.callback(cls.router.stop)
-        cls.frontend = dynamo.Frontend(first.host, first.address, cls.workdir / "home",
-                                       cls.workdir / "frontend.log")  # fmt: skip
-        stack.callback(cls.frontend.stop)
+        cls.router, cls.frontend = deployment.router, deployment.frontend
 
     def test_1_each_engine_lists_both_of_its_dp_ranks(self):
         for group, engine, info in zip(self.groups, self.engines, self.infos, strict=True):

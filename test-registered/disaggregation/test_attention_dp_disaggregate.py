@@ -12,7 +12,8 @@ rank 1 ("outside dp_size 1") before anything was served; here each follower adve
 rank's events and the leader's sidecar registers both ranks.
 
 Dynamo's frontend (KV router mode) and the two oracle routers (``dynamo.PrefillDecodeRouters``,
-started before the engines) run on the decode leader's host. The seed's measurements
+started before the engines) run on the decode leader's host: ``overlay_harness.deployments``'
+row 4, the launch ``make validate`` runs in every column. The seed's measurements
 (``overlay_harness.seed_checks``): the routers know both prefill and both decode ranks; the
 benchmark (newest release's session); each (prefill rank, decode rank) pair pinned in turn,
 the unpinned repeats finding the prefill rank that holds their prompt (36 requests, 28
@@ -29,13 +30,10 @@ asserts. The prefill's transferred bytes are not checked here: a follower node s
 import collections
 import contextlib
 import os
-import time
 import unittest
 
 import pytest
-from overlay_harness import dynamo, gate, netns, nodes, pd, ports, seed_checks
-from overlay_harness.checks import report_launch
-from overlay_harness.group import PAGE_SIZE, EngineGroup
+from overlay_harness import deployments, dynamo, gate, nodes, pd, seed_checks
 from overlay_harness.testcase import DeploymentTestCase
 from sglang.test.ci.ci_register import register_cpu_ci
 
@@ -43,10 +41,6 @@ pytestmark = pytest.mark.large_launch
 
 register_cpu_ci(est_time=240, suite="base-a-test-cpu")
 
-ATTENTION_DP = ["--tp", "2", "--dp", "2", "--enable-dp-attention"]
-STOP_TIMEOUT = 10.0
-PREFILL_ARGS = [*pd.TRANSFER_ARGS, *pd.PREFILL_ARGS]
-DECODE_ARGS = [*pd.TRANSFER_ARGS, *pd.DECODE_ARGS]
 MISSING = pd.missing_piece()
 OPT_IN_ENV = "SGLANG_OVERLAY_TEST_DEPLOYMENT_4"
 
@@ -73,43 +67,10 @@ class TestAttentionDPDisaggregation(DeploymentTestCase):
     @classmethod
     def start(cls, stack: contextlib.ExitStack) -> None:
         stack.enter_context(gate.large_launch(cls.__name__))
-        tokenizer_args = dynamo.enter_consumer(stack, cls.workdir)
-        network = netns.Network(4)
-        prefill_group = EngineGroup(2, ATTENTION_DP, network=network, first_host=0)
-        decode_group = EngineGroup(2, ATTENTION_DP, network=network, first_host=2)
-        # Before the workers register: see test_ordinary_dp_bootstrap_rank.py.
-        network.acquire()
-        stack.callback(network.release)
-        routers = dynamo.PrefillDecodeRouters(decode_group.host(0), PAGE_SIZE, cls.workdir)
-        stack.callback(routers.stop)
-        bootstrap = ports.free_port()
-        prefill_extra = [*PREFILL_ARGS, "--disaggregation-bootstrap-port", str(bootstrap)]
-        launches, names = [], []
-        for group, kind, extra in ((prefill_group, "prefill", prefill_extra),
-                                   (decode_group, "decode", DECODE_ARGS)):  # fmt: skip
-            # Followers first: each waits for its leader in the rendezvous, as in production.
-            for node_rank in (1, 0):
-                leader_args = dynamo.LEADER_ARGS if node_rank == 0 else []
-                launches.append(group.launch(
-                    node_rank, sidecar=dynamo.DYNAMO,
-                    sidecar_args=dynamo.sidecar_args(follower=node_rank > 0, mode=kind,
-                                                     endpoint=group.grpc_endpoint(node_rank)),
-                    extra=[*extra, *leader_args, *tokenizer_args]))  # fmt: skip
-                names.append(f"{kind}-{'leader' if node_rank == 0 else 'follower'}")
-        began = time.monotonic()
-        cls.started = stack.enter_context(
-            nodes.running(*launches, names=names, log_dir=cls.workdir, stop_timeout=STOP_TIMEOUT)
-        )
-        for node in cls.started:
-            node.expect_ready()
-        report_launch("four nodes, TP 2 / attention DP 2 prefill and decode, Dynamo sidecars",
-                      cls.started, began)  # fmt: skip
-        cls.prefill_nodes, cls.decode_nodes = cls.started[:2], cls.started[2:]
-        decode_leader = cls.decode_nodes[1]
-        frontend = dynamo.Frontend(decode_leader.host, decode_leader.address,
-                                   cls.workdir / "home", cls.workdir / "frontend.log")  # fmt: skip
-        stack.callback(frontend.stop)
-        cls._measure_through_dynamo(frontend, routers)
+        deployment = deployments.attention_dp_disaggregate(stack, cls.workdir)
+        cls.started = deployment.nodes
+        cls.prefill_nodes, cls.decode_nodes = deployment.prefill, deployment.decode
+        cls._measure_through_dynamo(deployment.frontend, deployment.router)
 
     @classmethod
     def _measure_through_dynamo(cls, frontend: dynamo.Frontend, routers) -> None:

@@ -87,17 +87,6 @@ DECODE_ARGS = [*PD_ARGS, *pd.DECODE_ARGS]
 MISSING = pd.missing_piece()
 
 
-def digests_only_sent_pages() -> bool:
-    """Whether this SGLang's KV checksum covers only the pages the prefill sends, past the
-    prefix the decode already holds (0.5.23); 0.5.21's covers the whole prompt, though only the
-    pages past that prefix are sent."""
-    import inspect
-
-    from sglang.srt.disaggregation.checksum import page_indices_for_request
-
-    return "start_idx" in inspect.signature(page_indices_for_request).parameters
-
-
 def prompts(rooms: list[int]) -> list[list]:
     return [[room, kv_events.prompt(PROMPT_TOKENS)] for room in rooms]
 
@@ -268,7 +257,7 @@ class TestOrdinaryDPDisaggregation(DeploymentTestCase):
               f"digested {pages} pages of {page_bytes} B")  # fmt: skip
         self.assertEqual(transfers, len(self.dynamo_sent))
         self.assertEqual(sent_bytes % page_bytes, 0)
-        if digests_only_sent_pages():
+        if pd.digests_only_sent_pages():
             self.assertEqual(sent_bytes, pages * page_bytes)
         else:
             # Whole prompts digested: what a decode's cached prefix spared is not in them.

@@ -113,15 +113,15 @@ def memory_kib(pids: list[int]) -> tuple[int, int]:
     return rss, pss
 
 
-def report_launch(topology: str, started: list[Node], began: float) -> None:
-    """One row of ``docs/compatibility.md``'s launch table: the time from the first node's
-    start to every node ready, and the group's memory once ready."""
+def report_launch(topology: str, started: list[Node], began: float) -> str:
+    """One row of ``docs/compatibility.md``'s launch table, on stderr: the time from the first
+    node's start to every node ready, and the group's memory once ready. Returns those two."""
     rss, pss = memory_kib([pid for node in started for pid in nodes.pids_with_tag(node.tag)])
     release = releases.installed_sglang_version() or ""
-    sys.stderr.write(
-        f"[{release}] launch table: {topology} | {len(started)} node(s) | ready in "
-        f"{time.monotonic() - began:.1f} s | RSS {rss / 2**20:.2f} GiB, PSS {pss / 2**20:.2f} GiB\n"
-    )
+    figures = (f"ready in {time.monotonic() - began:.1f} s | RSS {rss / 2**20:.2f} GiB, "
+               f"PSS {pss / 2**20:.2f} GiB")  # fmt: skip
+    sys.stderr.write(f"[{release}] launch table: {topology} | {len(started)} node(s) | {figures}\n")
+    return figures
 
 
 def alive(pid: int) -> bool:

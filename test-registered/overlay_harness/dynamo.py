@@ -100,16 +100,18 @@ def enter_consumer(stack: contextlib.ExitStack, workdir: Path) -> list[str]:
     return ["--tokenizer-path", str(tokenizer.build(TINY_MODEL, workdir / "tokenizer"))]
 
 
-def sidecar_args(*, follower: bool, endpoint: str, mode: str | None = None) -> list[str]:
+def sidecar_args(*, follower: bool, endpoint: str, mode: str | None = None,
+                 explicit_endpoint: bool = False) -> list[str]:  # fmt: skip
     """``--sidecar-args`` for Dynamo's sidecar on a node whose gRPC server is at ``endpoint``,
     serving the engine's disaggregation ``mode`` (``prefill`` or ``decode``) when given.
 
     The plugin hands the endpoint to this consumer in ``DYN_SIDECAR_GRPC_ENDPOINT``; the
     upstream series sets only ``SGLANG_GRPC_ENDPOINT`` (patches/DIFFERENCES.md), so there the
-    operator passes ``--grpc-endpoint``, as with stock SGLang."""
+    operator passes ``--grpc-endpoint``, as with stock SGLang (``explicit_endpoint``: a launch
+    that must run on every side)."""
     args = [*(["--sidecar-on-followers"] if follower else []), "--sidecar-shutdown-timeout",
             "10", *TRANSPORT_ARGS]  # fmt: skip
-    if differences.differs(differences.DYNAMO_ENDPOINT_ENV):
+    if explicit_endpoint or differences.differs(differences.DYNAMO_ENDPOINT_ENV):
         args += ["--grpc-endpoint", endpoint]
     if mode is not None:
         args += ["--disaggregation-mode", mode]
@@ -265,17 +267,23 @@ class PrefillDecodeRouters:
 
     def target_scores(self, token_ids: list[int]) -> dict[tuple[int, int], int]:
         """Matched device blocks per (worker id, DP rank) target, prefill and decode alike."""
+        return {target: blocks for scores in self.scores_per_router(token_ids)
+                for target, blocks in scores.items()}  # fmt: skip
+
+    def scores_per_router(self, token_ids: list[int]) -> list[dict[tuple[int, int], int]]:
+        """Each router's matched device blocks per target: one router knows one kind's
+        workers, though which answer is whose is not known."""
         for router in self.routers:
             if router.proc.poll() is not None:  # no use waiting out a deadline
                 raise RuntimeError(f"{router.argv} exited {router.proc.returncode}: "
                                    f"{router.log_text()[-2000:]}")  # fmt: skip
         answers = inside.run(self.host, dynamo_client.call_every, OVERLAP_SCORES,
                              {"token_ids": token_ids}, len(self.routers))  # fmt: skip
-        return {
-            (worker["worker_id"], worker["dp_rank"]): worker["device_blocks"]
+        return [
+            {(worker["worker_id"], worker["dp_rank"]): worker["device_blocks"]
+             for worker in scores["workers"]}
             for (scores,) in answers
-            for worker in scores["workers"]
-        }
+        ]  # fmt: skip
 
     def stop(self) -> None:
         for router in self.routers:

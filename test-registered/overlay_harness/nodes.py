@@ -81,6 +81,11 @@ def plugin_allow_list() -> str:
     return os.environ.get(PLUGINS_OVERRIDE_ENV, entry_point.PLUGIN_NAME)
 
 
+def plugin_loaded() -> bool:
+    """Whether the nodes load this plugin (not on the stock side nor the rebuilt wheel)."""
+    return entry_point.PLUGIN_NAME in plugin_allow_list().split(",")
+
+
 class HealthWatch:
     """A grpc.health.v1 Watch stream, so a NOT_SERVING sent just before close is not missed."""
 

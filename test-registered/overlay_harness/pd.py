@@ -156,6 +156,17 @@ def transferred_bytes(metrics_text: str) -> tuple[int, int]:
     return round(total_mb * MIB), int(count)
 
 
+def digests_only_sent_pages() -> bool:
+    """Whether this SGLang's KV checksum covers only the pages the prefill sends, past the
+    prefix the decode already holds (0.5.23); 0.5.21's covers the whole prompt, though only the
+    pages past that prefix are sent."""
+    import inspect
+
+    from sglang.srt.disaggregation.checksum import page_indices_for_request
+
+    return "start_idx" in inspect.signature(page_indices_for_request).parameters
+
+
 def kv_bytes_per_token(config: dict[str, Any], dtype_bytes: int = 4) -> int:
     """K and V of one token over every layer, for an MHA model's ``config.json``."""
     head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]

@@ -134,6 +134,17 @@ def disaggregated_pins(prefill: list[Target], decode: list[Target]) -> list[Pin]
     return [Pin(p, (p, d), dynamo.pin_disaggregated(p, d)) for p in prefill for d in decode]
 
 
+def covering_pins(prefill: list[Target], decode: list[Target]) -> list[Pin]:
+    """As few (prefill target, decode target) pairs as pin every target of both kinds at least
+    once, each kind's targets in turn: the seed's four pins on two prefill and two decode
+    engines of two DP ranks each."""
+    if not prefill or not decode:
+        return []
+    pairs = [(prefill[i % len(prefill)], decode[i % len(decode)])
+             for i in range(max(len(prefill), len(decode)))]  # fmt: skip
+    return [Pin(p, (p, d), dynamo.pin_disaggregated(p, d)) for p, d in pairs]
+
+
 def served(reply: dict, tokens: int) -> bool:
     return "error" not in reply and reply["completion_tokens"] == tokens
 
@@ -176,10 +187,11 @@ def benchmark(frontend: dynamo.Frontend) -> Benchmark:
     )
 
 
-def targeted(frontend: dynamo.Frontend, router, pins: list[Pin], targets: list[Target]) -> Targeted:
+def targeted(frontend: dynamo.Frontend, router, pins: list[Pin], targets: list[Target], *,
+             events_deadline: float = dynamo.ROUTER_DEADLINE) -> Targeted:  # fmt: skip
     """The targeted requests through ``frontend`` and the event check on ``router`` (a
     :class:`dynamo.Router` or :class:`dynamo.PrefillDecodeRouters`, knowing ``targets``), per
-    pin."""
+    pin; a pin's events are waited for up to ``events_deadline``."""
     counts = Targeted(targets=len(targets))
     seen: set[Target] = set()
     for pin in pins:
@@ -193,7 +205,7 @@ def targeted(frontend: dynamo.Frontend, router, pins: list[Pin], targets: list[T
             for index, r in enumerate(pinned)
         ]
         count(counts, f"{pin.holders} pinned", pinned, checks, unpinned=False)
-        unseen = events_seen(router, prompt, pin.holders, targets)
+        unseen = events_seen(router, prompt, pin.holders, targets, events_deadline)
         if unseen is None:
             seen.update(pin.holders)
         else:
@@ -216,10 +228,10 @@ def count(counts: Targeted, what: str, replies: list[dict], checks: list[bool], 
     counts.failures += [f"{what}: {r}" for r, ok in zip(replies, checks, strict=True) if not ok]
 
 
-def events_seen(router, prompt: list[int], holders: tuple[Target, ...],
-                targets: list[Target]) -> dict | None:  # fmt: skip
+def events_seen(router, prompt: list[int], holders: tuple[Target, ...], targets: list[Target],
+                deadline: float = dynamo.ROUTER_DEADLINE) -> dict | None:  # fmt: skip
     """None once the router scores the prompt's pages on each of ``holders`` and on no other
-    target; otherwise (after the router's deadline) the last scores it gave."""
+    target; otherwise (after ``deadline``) the last scores it gave."""
     pages = len(prompt) // PAGE_SIZE
     wanted = {t: pages if t in holders else 0 for t in targets}
     last: dict = {}
@@ -230,7 +242,7 @@ def events_seen(router, prompt: list[int], holders: tuple[Target, ...],
         return last == wanted
 
     try:
-        nodes.wait_for(matches, dynamo.ROUTER_DEADLINE, "")
+        nodes.wait_for(matches, deadline, "")
     except AssertionError:
         return last
     return None

@@ -64,6 +64,21 @@ def test_disaggregated_pins_cover_every_prefill_and_decode_pair() -> None:
     assert len(pins) * per_pin == 36
 
 
+def test_covering_pins_pin_every_target_of_both_kinds_once_each_side() -> None:
+    # The seed's deployment 3: two prefill and two decode engines of two DP ranks each.
+    prefill = [(1, 0), (1, 1), (2, 0), (2, 1)]
+    decode = [(3, 0), (3, 1), (4, 0), (4, 1)]
+    pins = seed_checks.covering_pins(prefill, decode)
+    assert [pin.holders for pin in pins] == list(zip(prefill, decode, strict=True))
+    per_pin = seed_checks.PINNED_PER_TARGET + seed_checks.UNPINNED_PER_TARGET
+    assert len(pins) * per_pin == 36
+    # Fewer of one kind: each of the other kind still pinned, the fewer ones in turn.
+    pins = seed_checks.covering_pins(prefill[:2], decode)
+    assert [pin.target for pin in pins] == [(1, 0), (1, 1), (1, 0), (1, 1)]
+    assert {pin.holders[1] for pin in pins} == set(decode)
+    assert seed_checks.covering_pins([], decode) == []
+
+
 def test_counts_keep_pinned_and_unpinned_apart_and_name_each_failure() -> None:
     counts = seed_checks.Targeted(targets=1)
     seed_checks.count(counts, "pinned", [reply(0), reply(112)], [True, True], unpinned=False)
