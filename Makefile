@@ -19,7 +19,7 @@ SGLANG_TEST_JOBS ?= 2
 	test-build test-unit-and-venv test-series sglang-envs series-tests test-sglang-pool test-unit \
 	test-registered benchmark-smoke benchmark-smoke-installed selftest benchmark hostile \
 	fresh-venv-check fresh-venv-check-built sdist-check patches-check patches-lint patched-wheel \
-	test-patched test-sglang demo stress clean
+	test-patched test-sglang demo stress validate clean
 
 venv: $(PY)
 $(PY):
@@ -172,6 +172,12 @@ demo: install
 
 benchmark: install
 	$(PY) scripts/benchmark.py
+
+# The seeds' validation table at the seed's full shapes: stock 0.5.23, 0.5.23 with the
+# overlay and the rebuilt wheel, Dynamo 1.6.1 in front; writes docs/validation.md. Not part of
+# `make test` (which asserts the overlay's column): about an hour on this machine type.
+validate: install
+	$(PY) scripts/validate.py --wheel-dir $(WHEEL_DIR)
 
 # The unit tier and one SGLang session, three times each, started as a background job
 # (SIGINT ignored, no terminal) under a CPU hog on every core: docs/compatibility.md.
