@@ -116,7 +116,8 @@ def memory_kib(pids: list[int]) -> tuple[int, int]:
 def report_launch(topology: str, started: list[Node], began: float) -> str:
     """One row of ``docs/compatibility.md``'s launch table, on stderr: the time from the first
     node's start to every node ready, and the group's memory once ready. Returns those two."""
-    rss, pss = memory_kib([pid for node in started for pid in nodes.pids_with_tag(node.tag)])
+    tagged = [pid for node in started for pid in nodes.pids_with_tag(node.tag)]
+    rss, pss = memory_kib(nodes.pids_of_tree(tagged))
     release = releases.installed_sglang_version() or ""
     figures = (f"ready in {time.monotonic() - began:.1f} s | RSS {rss / 2**20:.2f} GiB, "
                f"PSS {pss / 2**20:.2f} GiB")  # fmt: skip

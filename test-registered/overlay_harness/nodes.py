@@ -77,6 +77,23 @@ def pids_with_tag(tag: str) -> list[int]:
     return found
 
 
+def pids_of_tree(roots: list[int]) -> list[int]:
+    """``roots`` and every live descendant: SGLang's subprocesses set their process titles,
+    which overwrites the environment ``/proc`` shows, so their tag cannot be read there."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        stat = proctree.read_stat(int(entry.name)) if entry.name.isdigit() else None
+        if stat is not None and stat.state != "Z":
+            children.setdefault(stat.ppid, []).append(int(entry.name))
+    found, pending = [], list(roots)
+    while pending:
+        pid = pending.pop()
+        if pid not in found:
+            found.append(pid)
+            pending += children.get(pid, [])
+    return found
+
+
 def plugin_allow_list() -> str:
     return os.environ.get(PLUGINS_OVERRIDE_ENV, entry_point.PLUGIN_NAME)
 

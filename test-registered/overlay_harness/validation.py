@@ -233,8 +233,8 @@ def run_row(row: int, column: str, workdir: Path) -> Cell:
             cell.launch, stage = deployment.launch, "serving"
             measure(deployment, cell)
             # The KV pools and the allocator grow while serving: the figure a host must hold.
-            pids = [pid for node in deployment.nodes for pid in nodes.pids_with_tag(node.tag)]
-            _rss, pss = checks.memory_kib(pids)
+            tagged = [pid for node in deployment.nodes for pid in nodes.pids_with_tag(node.tag)]
+            _rss, pss = checks.memory_kib(nodes.pids_of_tree(tagged))
             cell.launch += f"; PSS {pss / 2**20:.2f} GiB after the measures"
         except Exception as error:  # the cell names it: a column may fail anywhere
             message = str(error).strip().splitlines()[0][:300] if str(error).strip() else ""
