@@ -3,17 +3,25 @@
 from __future__ import annotations
 
 import contextlib
+import os
+import shutil
 import tempfile
+import time
 from pathlib import Path
 
 from sglang.test.test_utils import CustomTestCase
 
 from overlay_harness import nodes
 
+# A directory to copy each class's working directory into before it is removed (the logs of a
+# run to read afterwards); unset, nothing is kept.
+KEEP_LOGS_ENV = "SGLANG_OVERLAY_TEST_KEEP_LOGS"
+
 
 class NodesTestCase(CustomTestCase):
     """One working directory per class (node logs, sidecar reports), removed after the class,
-    also when ``setUpClass`` fails (``CustomTestCase`` then calls ``tearDownClass``)."""
+    also when ``setUpClass`` fails (``CustomTestCase`` then calls ``tearDownClass``); copied
+    first under ``$SGLANG_OVERLAY_TEST_KEEP_LOGS`` when that is set."""
 
     workdir: Path
 
@@ -24,6 +32,10 @@ class NodesTestCase(CustomTestCase):
 
     @classmethod
     def tearDownClass(cls):
+        if keep := os.environ.get(KEEP_LOGS_ENV):
+            target = Path(keep) / f"{cls.__name__}-{time.strftime('%Y%m%dT%H%M%S')}"
+            shutil.copytree(cls.workdir, target, ignore=shutil.ignore_patterns("*.sock"),
+                            symlinks=True, dirs_exist_ok=True)  # fmt: skip
         cls._tmp.cleanup()
 
 
