@@ -138,7 +138,8 @@ def versions(env: Path) -> str:
 
 def machine() -> str:
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    return f"{os.cpu_count()} cores, {memory:.0f} GiB, {platform.system()} {platform.machine()}, no GPU"
+    system = f"{platform.system()} {platform.machine()}"
+    return f"{os.cpu_count()} cores, {memory:.0f} GiB, {system}, no GPU"
 
 
 def write_doc(text: str) -> None:
