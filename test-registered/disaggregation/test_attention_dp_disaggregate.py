@@ -33,7 +33,7 @@ import os
 import unittest
 
 import pytest
-from overlay_harness import deployments, dynamo, gate, nodes, pd, seed_checks
+from overlay_harness import deployments, dynamo, gate, pd, seed_checks
 from overlay_harness.testcase import DeploymentTestCase
 from sglang.test.ci.ci_register import register_cpu_ci
 
@@ -43,17 +43,6 @@ register_cpu_ci(est_time=240, suite="base-a-test-cpu")
 
 MISSING = pd.missing_piece()
 OPT_IN_ENV = "SGLANG_OVERLAY_TEST_DEPLOYMENT_4"
-
-
-def digests(node: nodes.Node) -> list[str]:
-    """Every KV digest the CPU platform logged on ``node``, in order."""
-    return pd.checksums(node.log_text())
-
-
-def digests_since(started: list[nodes.Node], before: list[int]) -> list[str]:
-    """The digests each of ``started`` logged after its first ``before`` ones, node after node."""
-    return [digest for node, count in zip(started, before, strict=True)
-            for digest in digests(node)[count:]]  # fmt: skip
 
 
 @unittest.skipIf(MISSING is not None, f"no real PD transfer here: {MISSING}")
@@ -74,14 +63,14 @@ class TestAttentionDPDisaggregation(DeploymentTestCase):
 
     @classmethod
     def _measure_through_dynamo(cls, frontend: dynamo.Frontend, routers) -> None:
-        sent_before = [len(digests(node)) for node in cls.prefill_nodes]
-        received_before = [len(digests(node)) for node in cls.decode_nodes]
+        sent_before = pd.digest_counts(cls.prefill_nodes)
+        received_before = pd.digest_counts(cls.decode_nodes)
         cls.measured, *cls.dynamo_targets = seed_checks.measure_disaggregated(
             "4. attention DP disaggregate, TP 2 / attention DP 2 prefill and decode on 4 nodes",
             frontend, routers, 2,
         )  # fmt: skip
-        cls.sent = digests_since(cls.prefill_nodes, sent_before)
-        cls.received = digests_since(cls.decode_nodes, received_before)
+        cls.sent = [d for d, _pages in pd.digests_since(cls.prefill_nodes, sent_before)]
+        cls.received = [d for d, _pages in pd.digests_since(cls.decode_nodes, received_before)]
         cls.decode_logs = "".join(node.log_text() for node in cls.decode_nodes)
 
     def test_1_the_seed_measurements_through_dynamos_frontend(self):

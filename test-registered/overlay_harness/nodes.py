@@ -80,18 +80,11 @@ def pids_with_tag(tag: str) -> list[int]:
 def pids_of_tree(roots: list[int]) -> list[int]:
     """``roots`` and every live descendant: SGLang's subprocesses set their process titles,
     which overwrites the environment ``/proc`` shows, so their tag cannot be read there."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        stat = proctree.read_stat(int(entry.name)) if entry.name.isdigit() else None
-        if stat is not None and stat.state != "Z":
-            children.setdefault(stat.ppid, []).append(int(entry.name))
-    found, pending = [], list(roots)
-    while pending:
-        pid = pending.pop()
-        if pid not in found:
-            found.append(pid)
-            pending += children.get(pid, [])
-    return found
+    table = proctree.process_table()
+    found = set(roots)
+    for root in roots:
+        found.update(pid for pid, _start in proctree.descendants(root, table))
+    return sorted(found)
 
 
 def plugin_allow_list() -> str:

@@ -22,7 +22,10 @@ import threading
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from overlay_harness.nodes import Node
 
 TRANSFER_METRIC = "sglang:kv_transfer_total_mb"
 MIB = 1024 * 1024
@@ -63,6 +66,24 @@ def checksums(log_text: str) -> list[str]:
 def page_counts(log_text: str) -> list[int]:
     """The pages of every KV digest the CPU platform logged in a node's log, in order."""
     return [int(match.group(2)) for match in CHECKSUM.finditer(log_text)]
+
+
+def node_digests(node: Node) -> list[tuple[str, int]]:
+    """(digest, pages) of every KV checksum the CPU platform logged on ``node``, in order."""
+    text = node.log_text()
+    return list(zip(checksums(text), page_counts(text), strict=True))
+
+
+def digest_counts(nodes: list[Node]) -> list[int]:
+    """How many KV checksums each of ``nodes`` logged so far."""
+    return [len(node_digests(node)) for node in nodes]
+
+
+def digests_since(nodes: list[Node], before: list[int]) -> list[tuple[str, int]]:
+    """The (digest, pages) each of ``nodes`` logged after its first ``before`` ones, node after
+    node (a per-node count: the nodes log their warm-ups' digests too)."""
+    return [pair for node, count in zip(nodes, before, strict=True)
+            for pair in node_digests(node)[count:]]  # fmt: skip
 
 
 def _post(url: str, body: dict, seconds: float) -> dict:

@@ -145,6 +145,15 @@ def covering_pins(prefill: list[Target], decode: list[Target]) -> list[Pin]:
     return [Pin(p, (p, d), dynamo.pin_disaggregated(p, d)) for p, d in pairs]
 
 
+def pair_pins(prefill: list[Target], decode: list[Target]) -> list[Pin]:
+    """Every (prefill, decode) pair while there are no more pairs than targets (a prefill and a
+    decode engine of two ranks: 4 pins, the seed's 36 requests); beyond that, as few pairs as
+    pin every target (two engines of each kind: 4 pins again)."""
+    if len(prefill) * len(decode) <= len(prefill) + len(decode):
+        return disaggregated_pins(prefill, decode)
+    return covering_pins(prefill, decode)
+
+
 def served(reply: dict, tokens: int) -> bool:
     return "error" not in reply and reply["completion_tokens"] == tokens
 

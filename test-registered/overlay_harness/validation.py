@@ -106,40 +106,19 @@ def known_targets(router, expected: int) -> list:
 
 
 def pins_of(deployment: Deployment, targets: list, served: dict | None) -> list[seed_checks.Pin]:
-    """One pin per target of an aggregated deployment. On a disaggregated one, every (prefill,
-    decode) pair while there are no more pairs than targets (a prefill and a decode engine of
-    two ranks: the 36 requests of deployment 3's test); beyond that, as few pairs as pin every
-    target (two engines of each kind: four pairs, 36 requests again)."""
+    """One pin per target of an aggregated deployment; on a disaggregated one, the pairs of
+    ``seed_checks.pair_pins`` over the targets each kind's router knows."""
     if served is None:
         return seed_checks.aggregated_pins(targets)
-    prefill, decode = kind_targets(deployment, served)
-    if len(prefill) * len(decode) <= len(prefill) + len(decode):
-        return seed_checks.disaggregated_pins(prefill, decode)
-    return seed_checks.covering_pins(prefill, decode)
+    return seed_checks.pair_pins(*kind_targets(deployment, served))
 
 
 def expected_pins(deployment: Deployment) -> int:
     """How many pins :func:`pins_of` makes when the routers know every target."""
     if not deployment.disaggregated:
         return deployment.targets
-    per_kind = deployment.targets // 2
-    return per_kind * per_kind if per_kind <= 2 else per_kind
-
-
-def digests(node: nodes.Node) -> list[tuple[str, int]]:
-    """(digest, pages) of every KV checksum ``node`` logged, in order."""
-    text = node.log_text()
-    return list(zip(pd.checksums(text), pd.page_counts(text), strict=True))
-
-
-def digest_counts(node_list: list[nodes.Node]) -> list[int]:
-    return [len(digests(node)) for node in node_list]
-
-
-def digests_since(node_list: list[nodes.Node], before: list[int]) -> list[tuple[str, int]]:
-    """The (digest, pages) each of ``node_list`` logged after its first ``before`` ones."""
-    return [pair for node, count in zip(node_list, before, strict=True)
-            for pair in digests(node)[count:]]  # fmt: skip
+    per_kind = range(deployment.targets // 2)
+    return len(seed_checks.pair_pins([(0, r) for r in per_kind], [(1, r) for r in per_kind]))
 
 
 def transferred(deployment: Deployment) -> tuple[int, int]:
@@ -181,8 +160,8 @@ def measure(deployment: Deployment, cell: Cell) -> None:
     """The seed's measures of a launched deployment into ``cell``."""
     targets = known_targets(deployment.router, deployment.targets)
     deployment.frontend.wait_for_model()
-    sent_before = digest_counts(deployment.prefill)
-    received_before = digest_counts(deployment.decode)
+    sent_before = pd.digest_counts(deployment.prefill)
+    received_before = pd.digest_counts(deployment.decode)
     moved_before = transferred(deployment)
     # The frontend lists the model before every worker kind can be routed to; the reply names
     # a prefill worker.
@@ -209,8 +188,8 @@ def measure(deployment: Deployment, cell: Cell) -> None:
               and counts.event_targets == counts.targets)  # fmt: skip
     problems = ([f"benchmark: {bench.first_error}"] if bench.first_error else []) + counts.failures
     if deployment.disaggregated:
-        sent = digests_since(deployment.prefill, sent_before)
-        received = [digest for digest, _ in digests_since(deployment.decode, received_before)]
+        sent = pd.digests_since(deployment.prefill, sent_before)
+        received = [digest for digest, _ in pd.digests_since(deployment.decode, received_before)]
         moved = tuple(a - b for a, b in zip(transferred(deployment), moved_before, strict=True))
         cell.transfers, transfers_ok = transfers_cell(
             deployment, sent, received, moved, bench.succeeded + counts.passed)  # fmt: skip

@@ -79,6 +79,15 @@ def test_covering_pins_pin_every_target_of_both_kinds_once_each_side() -> None:
     assert seed_checks.covering_pins([], decode) == []
 
 
+def test_pair_pins_take_every_pair_until_there_are_more_pairs_than_targets() -> None:
+    two, four = [(7, 0), (7, 1)], [(1, 0), (1, 1), (2, 0), (2, 1)]
+    decode_two, decode_four = [(9, 0), (9, 1)], [(3, 0), (3, 1), (4, 0), (4, 1)]
+    pairs = seed_checks.pair_pins(two, decode_two)
+    assert [pin.holders for pin in pairs] == [(p, d) for p in two for d in decode_two]
+    covering = seed_checks.pair_pins(four, decode_four)
+    assert [pin.holders for pin in covering] == list(zip(four, decode_four, strict=True))
+
+
 def test_counts_keep_pinned_and_unpinned_apart_and_name_each_failure() -> None:
     counts = seed_checks.Targeted(targets=1)
     seed_checks.count(counts, "pinned", [reply(0), reply(112)], [True, True], unpinned=False)
