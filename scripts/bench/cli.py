@@ -38,6 +38,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--duration", type=float, default=2.0, help="measured seconds per run")
     parser.add_argument("--warmup", type=float, default=0.5)
     parser.add_argument("--client-threads", type=int, default=1)
+    parser.add_argument(
+        "--load-client",
+        choices=("h2", "tonic"),
+        default="h2",
+        help="how the load client reads replies: counted frame by frame (h2), or gathered whole "
+        "by tonic (default: %(default)s)",
+    )
     parser.add_argument("--startup-runs", type=int, default=10)
     parser.add_argument("--sidecar-runs", type=int, default=20)
     parser.add_argument("--sidecar-stop-runs", type=int, default=5)

@@ -52,16 +52,23 @@ def _header(results: dict[str, Any], command: str) -> list[str]:
         f"Machine: {m['cores']} cores, {m['cpu']}, Linux {m['kernel']}, Python {m['python']}. "
         f"Run at {results['date']}. Load generator: `rust/bench-client` "
         f"({args['client_threads']} client thread(s), one HTTP/2 connection per "
-        f"client, {args['duration']} s measured after {args['warmup']} s "
-        f"warm-up, median of {args['rounds']} interleaved rounds). Client and server "
-        "share the same cores, so absolute figures understate a dedicated server; the ratios "
-        "are the result.",
+        f"client, {_client_reads(args)}, {args['duration']} s measured after "
+        f"{args['warmup']} s warm-up, median of {args['rounds']} interleaved rounds). Client "
+        "and server share the same cores, so absolute figures understate a dedicated server; "
+        "the ratios are the result.",
         "",
         f"Upstream: `start_metadata_server` from the sglang {UPSTREAM_RELEASE} wheel's `_grpc` "
         "extension. grpcio: a Python `grpc.server` with a generic handler returning the "
         f"pre-encoded response ({GRPCIO_WORKERS} worker threads).",
         "",
     ]
+
+
+def _client_reads(args: dict[str, Any]) -> str:
+    # Results recorded before --load-client existed were read by tonic.
+    if args.get("load_client", "tonic") == "tonic":
+        return "each reply gathered whole by tonic"
+    return "each reply counted frame by frame on `h2`, never held whole"
 
 
 # --- conclusions -------------------------------------------------------------------------------

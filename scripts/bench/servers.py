@@ -259,6 +259,8 @@ def run_load(client: Path, server: ServerProcess, concurrency: int, args: Any, e
             str(args.warmup),
             "--threads",
             str(args.client_threads),
+            "--client",
+            args.load_client,
             "--expect-bytes",
             str(expect),
         ],
