@@ -37,10 +37,12 @@ def bench_cache() -> Path:
 
 @dataclasses.dataclass(frozen=True)
 class SglangEnv:
-    """A Python with SGLang installed, and where it came from (for the results' text)."""
+    """A Python with SGLang installed, and where it came from (for the results' text);
+    ``cached`` is the env's directory when this project's scripts built it."""
 
     python: str
     source: str
+    cached: Path | None = None
 
     def version(self) -> str | None:
         out = subprocess.run(
@@ -49,6 +51,10 @@ class SglangEnv:
             text=True,
         )
         return out.stdout.strip() or None
+
+    def has_distribution(self, name: str) -> bool:
+        code = f"import importlib.metadata as m; m.version({name!r})"
+        return subprocess.run([self.python, "-c", code], capture_output=True).returncode == 0
 
     def describe(self) -> str:
         """``SGLang 0.5.23 (cached env sglang 0.5.23)``, or the source alone."""
@@ -68,7 +74,7 @@ def find_sglang_env(explicit: str | None) -> tuple[SglangEnv | None, str]:
         python = env / "bin" / "python"
         if (env / ".complete").exists() and python.exists():
             source = f"cached env sglang {release}"
-            return SglangEnv(str(python), source), source
+            return SglangEnv(str(python), source, env), source
     return None, (
         "no complete cached SGLang env (scripts/sglang_envs.py build) and no --sglang-python"
     )

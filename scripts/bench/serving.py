@@ -50,6 +50,7 @@ from bench.common import (
 )
 
 REQUESTS = 64
+TEST_PLATFORM_DISTRIBUTION = "overlay-cpu-platform"
 INPUT_TOKENS, OUTPUT_TOKENS, CONCURRENCY = 128, 32, 4
 # A launch's order in even rounds; odd rounds run it reversed. "noise-a" takes the overlay's
 # place in its pair and "noise-b" stock's, so both pairs are measured alike.
@@ -107,6 +108,8 @@ def measure(
     with ``repeats``, a launch that other processes disturbed is run again."""
     if env is None:
         return {"error": "no Python with SGLang"}
+    if (missing := ensure_test_platform(env)) is not None:
+        return {"error": missing}
     order = ORDER if noise else ORDER[:2]
     out: dict[str, Any] = {"version": env.version(), "rounds": rounds, "noise": noise,
                            "workload": {"requests": requests, "input_tokens": INPUT_TOKENS,
@@ -128,6 +131,21 @@ def measure(
                 print(f"   {where}: {_progress(launch)}", flush=True)
     out["seconds"] = time.monotonic() - started
     return out
+
+
+def ensure_test_platform(env: SglangEnv) -> str | None:
+    """The launches run on the CPU test platform (``test-registered/cpu_platform``): a cached
+    env gets it when it lacks it, as a test session installs it; a Python named by
+    ``--sglang-python`` must have it. None, or why the row cannot run."""
+    if env.has_distribution(TEST_PLATFORM_DISTRIBUTION):
+        return None
+    if env.cached is None:
+        return (f"{env.source} lacks the CPU test platform: install test-registered/cpu_platform "
+                "into it")  # fmt: skip
+    from envs import install_test_platform
+
+    install_test_platform(env.cached)
+    return None
 
 
 @dataclasses.dataclass
