@@ -142,7 +142,8 @@ def machine() -> dict[str, Any]:
     return {
         "cores": os.cpu_count(),
         "cpu": model,
-        "kernel": platform.release(),
+        # Major and minor only: the rest names the build of one host's kernel.
+        "kernel": ".".join(platform.release().split(".")[:2]),
         "python": platform.python_version(),
     }
 
