@@ -10,14 +10,17 @@ they never start side by side):
 - ``rebuilt``: SGLang 0.5.23 rebuilt with the patch series (``scripts/patches.py``), the
   overlay not loaded.
 
-Each column runs ``overlay_harness.validation`` in its env (the four deployments, Dynamo
-1.6.1's sidecar on every node and its frontend in front). The table is printed and written
-between the markers of ``docs/validation.md``, with the machine, the versions and this command.
-Exit status 0 when every cell is what its column must show: every deployment passes with the
-overlay and on the rebuilt wheel, and the stock column fails deployments 2, 3 and 4 as the
-seed's report did.
+Each column runs ``overlay_harness.validation`` in its env (the four deployments, Dynamo in
+front), once per consumer: Dynamo 1.6.1 (the SGLang env's own, every node's ``--sidecar``),
+then each next version (``envs.NEXT_CONSUMERS``, from its own env, its sidecars started beside
+the nodes). One table per consumer is printed and written between the markers of
+``docs/validation.md``, with the machine, the versions and this command. Exit status 0 when
+every cell is what its column must show: every deployment passes with the overlay and on the
+rebuilt wheel, whoever is in front, and with 1.6.1 the stock column fails deployments 2, 3 and
+4 as the seed's report did.
 
     scripts/validate.py --wheel-dir dist [--columns stock,overlay,rebuilt] [--rows 1,2,3,4]
+        [--consumers 1.6.1,1.7.0.dev20261026]
 """
 
 from __future__ import annotations
@@ -27,13 +30,24 @@ import datetime
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from envs import ROOT, build_env, env_path, find_wheel, install_consumer, log, prepare_session_env
+from dynamo_env import DEFAULT_VERSION as RELEASED_DYNAMO
+from envs import (
+    NEXT_CONSUMERS,
+    ROOT,
+    build_env,
+    env_path,
+    find_wheel,
+    install_consumer,
+    log,
+    prepare_session_env,
+)
 from sessions import Session
 
 import patches
@@ -41,12 +55,16 @@ import patches
 RELEASE = patches.RELEASE
 COLUMNS = ("stock", "overlay", "rebuilt")
 ROWS = (1, 2, 3, 4)
-# What each column must show, per the issue and the seed: the stock column fails where the
-# seed's report failed (deployment 1 passed there, and may either way here).
-MUST_FAIL = {"stock": {2, 3, 4}}
-MUST_PASS = {"overlay": set(ROWS), "rebuilt": set(ROWS)}
+CONSUMERS = (RELEASED_DYNAMO, *NEXT_CONSUMERS)
+# What each column must show, per the issue and the seed: with the seed's Dynamo (1.6.1) in
+# front the stock column fails where the seed's report failed (deployment 1 passed there, and
+# may either way here); stock behind a next version is reported, not judged.
+MUST_FAIL = {("stock", RELEASED_DYNAMO): {2, 3, 4}}
+MUST_PASS = {(column, consumer): set(ROWS) for column in ("overlay", "rebuilt")
+             for consumer in CONSUMERS}  # fmt: skip
 DOC = ROOT / "docs" / "validation.md"
 BEGIN, END = "<!-- make validate: begin -->", "<!-- make validate: end -->"
+HEADING = "### Dynamo "
 COMMAND = "make validate"
 SEED = {
     1: "PASS",
@@ -67,8 +85,9 @@ def column_session(column: str, wheel: Path) -> Session:
     return Session(f"{RELEASE} ({column})", env, [], extra)
 
 
-def run_column(column: str, wheel: Path, rows: list[int], logs: Path) -> list[dict]:
-    """The column's cells, its deployments run in its env one after another."""
+def run_column(column: str, consumer: str, wheel: Path, rows: list[int], logs: Path) -> list[dict]:
+    """The column's cells with ``consumer`` in front, its deployments run in its env one after
+    another."""
     session = column_session(column, wheel)
     environ = session.environ(None)
     environ["PYTHONPATH"] = str(ROOT / "test-registered")
@@ -77,12 +96,14 @@ def run_column(column: str, wheel: Path, rows: list[int], logs: Path) -> list[di
         command = [str(session.env / "bin" / "python"), "-m", "overlay_harness.validation",
                    "--column", column, "--out", str(out), "--rows", ",".join(map(str, rows)),
                    "--keep-logs", str(logs)]  # fmt: skip
-        log(f"validate: column {column} in {session.env.name}")
+        if consumer != RELEASED_DYNAMO:
+            command += ["--consumer", consumer]
+        log(f"validate: column {column}, Dynamo {consumer}, in {session.env.name}")
         code = subprocess.run(command, env=environ, cwd=ROOT / "test-registered").returncode
         cells = [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
     if code != 0 or len(cells) != len(rows):
-        raise SystemExit(f"validate: column {column} ended with exit {code} after {len(cells)} "
-                         f"of {len(rows)} rows")  # fmt: skip
+        raise SystemExit(f"validate: column {column} (Dynamo {consumer}) ended with exit {code} "
+                         f"after {len(cells)} of {len(rows)} rows")  # fmt: skip
     return cells
 
 
@@ -103,24 +124,32 @@ def cell_text(cell: dict) -> str:
     return "<br>".join(part.replace("|", "/") for part in parts)
 
 
-def table(cells: dict[tuple[int, str], dict], columns: list[str], rows: list[int]) -> str:
+Cells = dict[tuple[int, str, str], dict]
+
+
+def section(cells: Cells, columns: list[str], consumer: str, rows: list[int], about: str) -> str:
+    """One consumer's section: its heading, ``about`` the run, and its table, a row per
+    deployment and a column per side."""
     header = ["deployment", "the seed's result", *columns]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines = [f"{HEADING}{consumer} in front", "", about, "", "| " + " | ".join(header) + " |",
+             "|" + "---|" * len(header)]  # fmt: skip
     for row in rows:
-        shape = next(cells[(row, c)]["shape"] for c in columns)
-        row_cells = [f"{row}. {shape}", SEED[row], *(cell_text(cells[(row, c)]) for c in columns)]
+        shape = next(cells[(row, c, consumer)]["shape"] for c in columns)
+        row_cells = [f"{row}. {shape}", SEED[row],
+                     *(cell_text(cells[(row, c, consumer)]) for c in columns)]  # fmt: skip
         lines.append("| " + " | ".join(row_cells) + " |")
     return "\n".join(lines)
 
 
-def unexpected(cells: dict[tuple[int, str], dict]) -> list[str]:
+def unexpected(cells: Cells) -> list[str]:
     """The cells that are not what their column must show."""
     wrong = []
-    for (row, column), cell in sorted(cells.items()):
-        if row in MUST_PASS.get(column, ()) and not cell["passed"]:
-            wrong.append(f"{column} row {row} should pass: {cell['failure']}")
-        if row in MUST_FAIL.get(column, ()) and cell["passed"]:
-            wrong.append(f"{column} row {row} should fail as the seed's did, but passed")
+    for (row, column, consumer), cell in sorted(cells.items()):
+        where = f"{column} row {row} (Dynamo {consumer})"
+        if row in MUST_PASS.get((column, consumer), ()) and not cell["passed"]:
+            wrong.append(f"{where} should pass: {cell['failure']}")
+        if row in MUST_FAIL.get((column, consumer), ()) and cell["passed"]:
+            wrong.append(f"{where} should fail as the seed's did, but passed")
     return wrong
 
 
@@ -142,13 +171,25 @@ def machine() -> str:
     return f"{os.cpu_count()} cores, {memory:.0f} GiB, {system}, no GPU"
 
 
-def write_doc(text: str) -> None:
+def sections_by_consumer(text: str) -> dict[str, str]:
+    """The sections of ``text`` (the doc's marked region), by consumer."""
+    parts = re.split(rf"(?m)^(?={re.escape(HEADING)})", text)
+    return {part[len(HEADING) :].split()[0]: part.strip() for part in parts
+            if part.startswith(HEADING)}  # fmt: skip
+
+
+def write_doc(sections: dict[str, str]) -> None:
+    """``sections`` (by consumer) into the doc's marked region; the other consumers' sections
+    there stay, so a run of one consumer keeps the other's table."""
     doc = DOC.read_text()
     if BEGIN not in doc or END not in doc:
         raise SystemExit(f"{DOC} lacks the markers {BEGIN} / {END}")
     head, rest = doc.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
-    DOC.write_text(f"{head}{BEGIN}\n{text}\n{END}{tail}")
+    region, tail = rest.split(END, 1)
+    merged = {**sections_by_consumer(region), **sections}
+    ordered = [merged[c] for c in CONSUMERS if c in merged]
+    ordered += [text for consumer, text in merged.items() if consumer not in CONSUMERS]
+    DOC.write_text(f"{head}{BEGIN}\n" + "\n\n".join(ordered) + f"\n{END}{tail}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -156,6 +197,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--wheel-dir", type=Path, default=ROOT / "dist")
     parser.add_argument("--columns", default=",".join(COLUMNS))
     parser.add_argument("--rows", default=",".join(map(str, ROWS)))
+    parser.add_argument("--consumers", default=",".join(CONSUMERS),
+                        help="the Dynamo versions in front, one table each")  # fmt: skip
     parser.add_argument("--logs", type=Path, default=ROOT / "validate-logs",
                         help="each deployment's logs, per column")  # fmt: skip
     parser.add_argument("--no-doc", action="store_true", help=f"do not write {DOC.name}")
@@ -163,23 +206,30 @@ def main(argv: list[str] | None = None) -> int:
     wheel = find_wheel(args.wheel_dir)
     columns = args.columns.split(",")
     rows = [int(row) for row in args.rows.split(",")]
+    consumers = args.consumers.split(",")
+    if unknown_consumers := set(consumers) - set(CONSUMERS):
+        raise SystemExit(f"--consumers: unknown {sorted(unknown_consumers)}; choose from "
+                         f"{CONSUMERS}")  # fmt: skip
     if unknown := set(columns) - set(COLUMNS):
         raise SystemExit(f"--columns: unknown {sorted(unknown)}; choose from {COLUMNS}")
     if unknown_rows := set(rows) - set(ROWS):
         raise SystemExit(f"--rows: unknown {sorted(unknown_rows)}; choose from {ROWS}")
     started = time.monotonic()
-    cells = {}
-    for column in columns:
-        for cell in run_column(column, wheel, rows, args.logs):
-            cells[(cell["row"], column)] = cell
-    text = table(cells, [column for column in COLUMNS if column in columns], rows)
+    cells: Cells = {}
+    for consumer in [c for c in CONSUMERS if c in consumers]:
+        for column in columns:
+            for cell in run_column(column, consumer, wheel, rows, args.logs):
+                cells[(cell["row"], column, consumer)] = cell
+    in_order = [column for column in COLUMNS if column in columns]
     minutes = (time.monotonic() - started) / 60
     about = (f"Written by `{COMMAND}` on {datetime.date.today()} in {minutes:.0f} min: "
              f"{machine()}. Versions: {versions(env_path(RELEASE))}; the "
              f"rebuilt wheel is {RELEASE} with `patches/{RELEASE}/` applied.")  # fmt: skip
-    print(f"{about}\n\n{text}")
+    sections = {consumer: section(cells, in_order, consumer, rows, about)
+                for consumer in CONSUMERS if consumer in consumers}  # fmt: skip
+    print("\n\n".join(sections.values()))
     if not args.no_doc:
-        write_doc(f"{about}\n\n{text}")
+        write_doc(sections)
     wrong = unexpected(cells)
     for line in wrong:
         log(f"validate: {line}")

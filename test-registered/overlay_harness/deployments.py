@@ -10,6 +10,11 @@ One launcher per deployment, each entering what it starts into the caller's exit
 deployment tests that take the seed's shape launch theirs here. Where the nodes do not load
 the plugin (the stock column, the rebuilt wheel), each sidecar is given its endpoint in
 ``--grpc-endpoint``, as an operator does (``docs/dynamo.md``).
+
+A launcher's ``consumer`` puts another Dynamo version in front (``dynamo.consumer``): a next
+version lives in an env of its own, so SGLang cannot start it as ``--sidecar``. Its sidecars
+are started beside the ready nodes, one per node with ``--grpc-endpoint``, and its frontend
+and routers run from its env.
 """
 
 from __future__ import annotations
@@ -48,9 +53,23 @@ class Deployment:
         return bool(self.prefill)
 
 
-def sidecar(group: EngineGroup, node_rank: int, mode: str | None = None) -> dict:
-    """``launch`` keywords for Dynamo's sidecar on node ``node_rank`` of ``group``: without
-    the plugin, its endpoint in ``--grpc-endpoint``, as an operator passes it."""
+@dataclasses.dataclass
+class Placed:
+    """Where one node's sidecar goes: the node's group and rank, and its engine's
+    disaggregation mode."""
+
+    group: EngineGroup
+    node_rank: int
+    mode: str | None = None
+
+
+def sidecar(placed: Placed, consumer: dynamo.Consumer) -> dict:
+    """``launch`` keywords for Dynamo's sidecar on ``placed``'s node: without the plugin, its
+    endpoint in ``--grpc-endpoint``, as an operator passes it; none when ``consumer``'s
+    sidecars are started beside the nodes."""
+    if not consumer.supervised:
+        return {}
+    group, node_rank, mode = placed.group, placed.node_rank, placed.mode
     return {
         "sidecar": dynamo.DYNAMO,
         "sidecar_args": dynamo.sidecar_args(
@@ -73,68 +92,101 @@ def start(stack: contextlib.ExitStack, workdir: Path, launches: list, names: lis
     return started, checks.report_launch(topology, started, began)
 
 
-def frontend_on(stack: contextlib.ExitStack, node: nodes.Node, workdir: Path) -> dynamo.Frontend:
-    frontend = dynamo.Frontend(node.host, node.address, workdir / "home", workdir / "frontend.log")
+def start_beside(
+    stack: contextlib.ExitStack,
+    workdir: Path,
+    consumer: dynamo.Consumer,
+    placements: list[Placed],
+    names: list[str],
+) -> None:
+    """``consumer``'s sidecar for every node of ``placements`` (named ``names``), when they
+    are not the nodes' own ``--sidecar``; stopped when ``stack`` closes."""
+    if consumer.supervised:
+        return
+    for placed, name in zip(placements, names, strict=True):
+        endpoint = placed.group.grpc_endpoint(placed.node_rank)
+        log_path = workdir / f"sidecar-{consumer.version}-{name}.log"
+        process = dynamo.external_sidecar(
+            consumer, placed.group.host(placed.node_rank), endpoint, placed.mode, log_path
+        )
+        stack.callback(process.stop)
+
+
+def frontend_on(
+    stack: contextlib.ExitStack, node: nodes.Node, workdir: Path, consumer: dynamo.Consumer
+) -> dynamo.Frontend:
+    frontend = dynamo.Frontend(node.host, node.address, workdir / "home",
+                               workdir / "frontend.log", consumer)  # fmt: skip
     stack.callback(frontend.stop)
     return frontend
 
 
-def ordinary_dp_aggregate(stack: contextlib.ExitStack, workdir: Path) -> Deployment:
+def router_on(
+    stack: contextlib.ExitStack, node: nodes.Node, workdir: Path, consumer: dynamo.Consumer
+) -> dynamo.Router:
+    router = dynamo.Router(node.host, PAGE_SIZE, workdir / "router.log",
+                           **consumer.process_options())  # fmt: skip
+    stack.callback(router.stop)
+    return router
+
+
+def ordinary_dp_aggregate(
+    stack: contextlib.ExitStack, workdir: Path, consumer: dynamo.Consumer = dynamo.RELEASED
+) -> Deployment:
     """1: two TP 1 / DP 2 engines, one per node."""
-    tokenizer_args = dynamo.enter_consumer(stack, workdir)
+    tokenizer_args = dynamo.enter_consumer(stack, workdir, consumer)
     network = netns.Network(2)
     groups = [EngineGroup(1, ORDINARY_DP, network=network, first_host=i) for i in range(2)]
-    launches = [group.launch(0, **sidecar(group, 0), extra=[*dynamo.LEADER_ARGS, *tokenizer_args])
-                for group in groups]  # fmt: skip
+    placements = [Placed(group, 0) for group in groups]
+    names = ["engine-a", "engine-b"]
+    launches = [placed.group.launch(0, **sidecar(placed, consumer),
+                                    extra=[*dynamo.LEADER_ARGS, *tokenizer_args])
+                for placed in placements]  # fmt: skip
     started, launched = start(
-        stack,
-        workdir,
-        launches,
-        ["engine-a", "engine-b"],
-        "two engines, TP 1 / DP 2 each, Dynamo sidecars",
+        stack, workdir, launches, names, "two engines, TP 1 / DP 2 each, Dynamo sidecars"
     )
-    router = dynamo.Router(started[0].host, PAGE_SIZE, workdir / "router.log")
-    stack.callback(router.stop)
-    return Deployment(started, launched, frontend_on(stack, started[0], workdir), router, 4)
+    start_beside(stack, workdir, consumer, placements, names)
+    router = router_on(stack, started[0], workdir, consumer)
+    frontend = frontend_on(stack, started[0], workdir, consumer)
+    return Deployment(started, launched, frontend, router, 4)
 
 
-def attention_dp_aggregate(stack: contextlib.ExitStack, workdir: Path) -> Deployment:
+def attention_dp_aggregate(
+    stack: contextlib.ExitStack, workdir: Path, consumer: dynamo.Consumer = dynamo.RELEASED
+) -> Deployment:
     """2: one TP 2 / attention-DP 2 engine across two nodes."""
-    tokenizer_args = dynamo.enter_consumer(stack, workdir)
+    tokenizer_args = dynamo.enter_consumer(stack, workdir, consumer)
     group = EngineGroup(2, ATTENTION_DP)
     # The follower first: it waits for its leader in the rendezvous, as in production.
-    launches = [group.launch(1, **sidecar(group, 1), extra=tokenizer_args),
-                group.launch(0, **sidecar(group, 0),
+    placements, names = [Placed(group, 1), Placed(group, 0)], ["follower", "leader"]
+    launches = [group.launch(1, **sidecar(placements[0], consumer), extra=tokenizer_args),
+                group.launch(0, **sidecar(placements[1], consumer),
                              extra=[*dynamo.LEADER_ARGS, *tokenizer_args])]  # fmt: skip
     (follower, leader), launched = start(
-        stack,
-        workdir,
-        launches,
-        ["follower", "leader"],
-        "two nodes, TP 2 / attention DP 2, Dynamo sidecars",
+        stack, workdir, launches, names, "two nodes, TP 2 / attention DP 2, Dynamo sidecars"
     )
-    router = dynamo.Router(leader.host, PAGE_SIZE, workdir / "router.log")
-    stack.callback(router.stop)
-    frontend = frontend_on(stack, leader, workdir)
+    start_beside(stack, workdir, consumer, placements, names)
+    router = router_on(stack, leader, workdir, consumer)
+    frontend = frontend_on(stack, leader, workdir, consumer)
     return Deployment([leader, follower], launched, frontend, router, 2)
 
 
-def disaggregated(stack: contextlib.ExitStack, workdir: Path, *, engines: int,
-                  nnodes: int, parallel: list[str]) -> Deployment:  # fmt: skip
+def disaggregated(stack: contextlib.ExitStack, workdir: Path, consumer: dynamo.Consumer, *,
+                  engines: int, nnodes: int, parallel: list[str]) -> Deployment:  # fmt: skip
     """``engines`` prefill and as many decode engines of ``nnodes`` nodes each, every node its
     own host, moving real KV pages (``overlay_harness.pd``); the oracle routers start before
     the workers register (``docs/dynamo.md``, "Disaggregated workers")."""
-    tokenizer_args = dynamo.enter_consumer(stack, workdir)
+    tokenizer_args = dynamo.enter_consumer(stack, workdir, consumer)
     network = netns.Network(2 * engines * nnodes)
     network.acquire()
     stack.callback(network.release)
     groups = [EngineGroup(nnodes, parallel, network=network, first_host=i * nnodes)
               for i in range(2 * engines)]  # fmt: skip
     prefill_groups, decode_groups = groups[:engines], groups[engines:]
-    routers = dynamo.PrefillDecodeRouters(decode_groups[0].host(0), PAGE_SIZE, workdir)
+    routers = dynamo.PrefillDecodeRouters(decode_groups[0].host(0), PAGE_SIZE, workdir, consumer)
     stack.callback(routers.stop)
     metrics = ["--enable-metrics"] if nnodes == 1 else []
-    launches, names = [], []
+    launches, names, placements = [], [], []
     for kind, kind_groups in (("prefill", prefill_groups), ("decode", decode_groups)):
         for index, group in enumerate(kind_groups):
             extra = [*pd.TRANSFER_ARGS, *metrics, *tokenizer_args]
@@ -145,34 +197,42 @@ def disaggregated(stack: contextlib.ExitStack, workdir: Path, *, engines: int,
                 extra += pd.DECODE_ARGS
             for node_rank in reversed(range(nnodes)):  # followers first
                 leader_args = dynamo.LEADER_ARGS if node_rank == 0 else []
-                launches.append(group.launch(node_rank, **sidecar(group, node_rank, kind),
+                placements.append(Placed(group, node_rank, kind))
+                launches.append(group.launch(node_rank, **sidecar(placements[-1], consumer),
                                              extra=[*extra, *leader_args]))  # fmt: skip
                 names.append(f"{kind}{index}-node{node_rank}")
     topology = (f"{engines} prefill and {engines} decode engine(s) of {nnodes} node(s), "
                 f"{' '.join(parallel)}, Dynamo sidecars")  # fmt: skip
     started, launched = start(stack, workdir, launches, names, topology)
+    start_beside(stack, workdir, consumer, placements, names)
     half = len(started) // 2
     prefill, decode = started[:half], started[half:]
     # The frontend beside the routers, on the first decode engine's leader.
     decode_leader = next(node for node in decode if node.node_rank == 0)
     return Deployment(
-        started, launched, frontend_on(stack, decode_leader, workdir), routers, 4 * engines,
+        started, launched, frontend_on(stack, decode_leader, workdir, consumer), routers,
+        4 * engines,
         prefill=prefill, decode=decode,
         metered=[node for node in prefill if node.node_rank == 0] if metrics else [],
     )  # fmt: skip
 
 
-def ordinary_dp_disaggregate(stack: contextlib.ExitStack, workdir: Path) -> Deployment:
+def ordinary_dp_disaggregate(
+    stack: contextlib.ExitStack, workdir: Path, consumer: dynamo.Consumer = dynamo.RELEASED
+) -> Deployment:
     """3: two TP 1 / DP 2 prefill engines and two decode engines, one per node."""
-    return disaggregated(stack, workdir, engines=2, nnodes=1, parallel=["--dp-size", "2"])
+    return disaggregated(stack, workdir, consumer, engines=2, nnodes=1,
+                         parallel=["--dp-size", "2"])  # fmt: skip
 
 
-def attention_dp_disaggregate(stack: contextlib.ExitStack, workdir: Path) -> Deployment:
+def attention_dp_disaggregate(
+    stack: contextlib.ExitStack, workdir: Path, consumer: dynamo.Consumer = dynamo.RELEASED
+) -> Deployment:
     """4: a TP 2 / attention-DP 2 prefill engine and a decode engine, two nodes each."""
-    return disaggregated(stack, workdir, engines=1, nnodes=2, parallel=ATTENTION_DP)
+    return disaggregated(stack, workdir, consumer, engines=1, nnodes=2, parallel=ATTENTION_DP)
 
 
-Launcher = Callable[[contextlib.ExitStack, Path], Deployment]
+Launcher = Callable[[contextlib.ExitStack, Path, dynamo.Consumer], Deployment]
 SHAPES: dict[int, tuple[str, Launcher]] = {
     1: ("ordinary DP aggregate: two TP1/DP2 engines, 2 nodes", ordinary_dp_aggregate),
     2: ("attention DP aggregate: one TP2/attention-DP2 engine, 2 nodes", attention_dp_aggregate),

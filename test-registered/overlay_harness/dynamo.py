@@ -17,6 +17,7 @@ directory of their own: they run beside the supervised 1.6.1 sidecars of the sam
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import signal
@@ -63,12 +64,64 @@ def next_consumers() -> dict[str, str]:
     return json.loads(raw)
 
 
-def consumer_environ(workdir: Path, *, legacy: bool | None) -> dict[str, str]:
+@dataclasses.dataclass(frozen=True)
+class Consumer:
+    """The Dynamo in front of a launch: the release installed in the SGLang env, run as each
+    node's supervised ``--sidecar`` (``python`` None), or a next version (``next_consumers``)
+    from its own env, whose sidecars are started beside the nodes (``external_sidecar``)."""
+
+    version: str = "released"
+    python: str | None = None
+
+    @property
+    def supervised(self) -> bool:
+        return self.python is None
+
+    def process_options(self) -> dict:
+        """``DynamoProcess`` keywords for this version's processes: its interpreter, and this
+        process's environment without the SGLang env's import path."""
+        if self.supervised:
+            return {}
+        environ = dict(os.environ)
+        environ.pop("PYTHONPATH", None)
+        return {"python": self.python, "environ": environ}
+
+
+RELEASED = Consumer()
+
+
+def consumer(version: str | None) -> Consumer:
+    """The consumer named ``version``: a next version's, or the released one for None."""
+    if version is None:
+        return RELEASED
+    pythons = next_consumers()
+    if version not in pythons:
+        raise AssertionError(f"consumer {version!r}: not among the next versions {sorted(pythons)}")
+    return Consumer(version, pythons[version])
+
+
+def external_sidecar(
+    consumer: Consumer, host: netns.Host | None, endpoint: str, mode: str | None, log_path: Path
+) -> DynamoProcess:
+    """``consumer``'s sidecar on ``host`` for the node whose gRPC server is at ``endpoint``
+    (a URL), serving the engine's disaggregation ``mode`` when given, started by hand as an
+    operator runs a sidecar from another image: its role (leader, or relay on a follower) is
+    its own choice from the node's ``GetServerInfo``."""
+    args = ["--grpc-endpoint", endpoint, *TRANSPORT_ARGS]
+    if mode is not None:
+        args += ["--disaggregation-mode", mode]
+    return DynamoProcess(host, DYNAMO, args, log_path, **consumer.process_options())
+
+
+def consumer_environ(
+    workdir: Path, *, legacy: bool | None, consumer: Consumer = RELEASED
+) -> dict[str, str]:
     """This process's environment for a group whose nodes run Dynamo: no inherited
     ``DYN_``/``NATS_``/``ETCD_`` setting, file discovery in a fresh directory under
     ``workdir``, plain logs, and the ``dp_size`` switch set under both names (``legacy`` True
     or False) or left unset (None: the overlay's default for this consumer; the upstream
-    series has no such default, so its switch is set there: patches/DIFFERENCES.md)."""
+    series has no such default, so for the released consumer its switch is set there:
+    patches/DIFFERENCES.md; a next version needs none)."""
     environ = {
         key: value
         for key, value in os.environ.items()
@@ -84,19 +137,20 @@ def consumer_environ(workdir: Path, *, legacy: bool | None) -> dict[str, str]:
     )
     if legacy is not None:
         environ.update(differences.dp_size_switch(legacy))
-    elif differences.differs(differences.DYNAMO_SWITCH_DEFAULT):
+    elif consumer.supervised and differences.differs(differences.DYNAMO_SWITCH_DEFAULT):
         environ.update(differences.dp_size_switch(True))
     return environ
 
 
-def enter_consumer(stack: contextlib.ExitStack, workdir: Path) -> list[str]:
-    """Sets this process's environment for a group whose nodes run Dynamo (the ``dp_size``
-    switch at the overlay's default) until ``stack`` closes, and builds the tokenizer the
-    frontend needs in the model card: SGLang's ``--tokenizer-path`` arguments for it (SGLang
-    keeps ``--skip-tokenizer-init``: requests carry token ids)."""
-    stack.enter_context(
-        mock.patch.dict(os.environ, consumer_environ(workdir, legacy=None), clear=True)
-    )
+def enter_consumer(
+    stack: contextlib.ExitStack, workdir: Path, consumer: Consumer = RELEASED
+) -> list[str]:
+    """Sets this process's environment for a group whose nodes run ``consumer`` (the
+    ``dp_size`` switch at the overlay's default) until ``stack`` closes, and builds the
+    tokenizer the frontend needs in the model card: SGLang's ``--tokenizer-path`` arguments for
+    it (SGLang keeps ``--skip-tokenizer-init``: requests carry token ids)."""
+    environ = consumer_environ(workdir, legacy=None, consumer=consumer)
+    stack.enter_context(mock.patch.dict(os.environ, environ, clear=True))
     return ["--tokenizer-path", str(tokenizer.build(TINY_MODEL, workdir / "tokenizer"))]
 
 
@@ -254,13 +308,17 @@ class PrefillDecodeRouters:
     workers' namespace), so :meth:`target_scores` asks each instance and merges the answers:
     the prefill and decode workers' ids differ."""
 
-    def __init__(self, host: netns.Host | None, block_size: int, workdir: Path):
+    def __init__(self, host: netns.Host | None, block_size: int, workdir: Path,
+                 consumer: Consumer = RELEASED):  # fmt: skip
         self.host = host
+        self.options = consumer.process_options()
         self.routers: list[Router] = []
         try:
             for endpoint, name in ((PREFILL_ENDPOINT, "prefill"), (WORKER_ENDPOINT, "decode")):
                 log_path = workdir / f"router-{name}.log"
-                self.routers.append(Router(host, block_size, log_path, endpoint=endpoint))
+                self.routers.append(
+                    Router(host, block_size, log_path, endpoint=endpoint, **self.options)
+                )
         except BaseException:
             self.stop()
             raise
@@ -278,7 +336,8 @@ class PrefillDecodeRouters:
                 raise RuntimeError(f"{router.argv} exited {router.proc.returncode}: "
                                    f"{router.log_text()[-2000:]}")  # fmt: skip
         answers = inside.run(self.host, dynamo_client.call_every, OVERLAP_SCORES,
-                             {"token_ids": token_ids}, len(self.routers))  # fmt: skip
+                             {"token_ids": token_ids}, len(self.routers),
+                             **self.options)  # fmt: skip
         return [
             {(worker["worker_id"], worker["dp_rank"]): worker["device_blocks"]
              for worker in scores["workers"]}
@@ -309,14 +368,16 @@ class Frontend(DynamoProcess):
     (``overlay_harness.tokenizer``), and copies the card's files under ``$HOME/.cache/dynamo``:
     ``home`` keeps them in the test's directory."""
 
-    def __init__(self, host: netns.Host | None, address: str, home: Path, log_path: Path):
+    def __init__(self, host: netns.Host | None, address: str, home: Path, log_path: Path,
+                 consumer: Consumer = RELEASED):  # fmt: skip
         self.address = address
         self.port = ports.free_port()
         self.model: str | None = None
         args = ["--http-host", address, "--http-port", str(self.port), "--router-mode", "kv",
                 *TRANSPORT_ARGS]  # fmt: skip
-        super().__init__(host, "dynamo.frontend", args, log_path,
-                         environ=dict(os.environ, HOME=str(home)))  # fmt: skip
+        options = consumer.process_options()
+        options["environ"] = dict(options.get("environ", os.environ), HOME=str(home))
+        super().__init__(host, "dynamo.frontend", args, log_path, **options)
 
     def wait_for_model(self) -> str:
         """The served model's name, once the frontend lists one (its ``/health`` answers

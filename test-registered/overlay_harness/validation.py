@@ -4,15 +4,17 @@ four deployments at the seed's full shapes, each launched, measured as the seed 
 launches them).
 
 Run inside one SGLang env, as ``python -m overlay_harness.validation --column COLUMN --out
-FILE [--rows 1,2,3,4] [--keep-logs DIR]``; the column is what that env and its environment
-are:
+FILE [--rows 1,2,3,4] [--consumer VERSION] [--keep-logs DIR]``; the column is what that env and
+its environment are:
 
 - ``stock``: the release's own wheel, the plugin not loaded (``SGLANG_OVERLAY_TEST_PLUGINS``
   ``none``): what users run today;
 - ``overlay``: the same wheel with the plugin;
 - ``rebuilt``: the wheel rebuilt with the patch series, the plugin not loaded.
 
-Requests enter through Dynamo's frontend. Where a column
+Requests enter through Dynamo's frontend: the released version's, with its sidecar as every
+node's ``--sidecar``, or with ``--consumer`` a next version's (``dynamo.next_consumers``), its
+sidecars started beside the nodes. Where a column
 fails, the cell says where and with what: a launch that never served names the error its logs
 end with, a measure that fell short keeps its counts. Nothing here asserts: the script that
 runs the columns compares them with what each column is expected to show.
@@ -34,7 +36,7 @@ from pathlib import Path
 
 from sglang_sidecar_overlay import releases
 
-from overlay_harness import checks, gate, kv_events, nodes, pd, probes, seed_checks
+from overlay_harness import checks, dynamo, gate, kv_events, nodes, pd, probes, seed_checks
 from overlay_harness.deployments import SHAPES, Deployment
 from overlay_harness.group import PAGE_SIZE, TINY_MODEL
 
@@ -59,6 +61,7 @@ class Cell:
     row: int
     column: str
     shape: str
+    consumer: str = dynamo.RELEASED.version
     launch: str = "–"
     benchmark: str = "–"
     hit_rate: str = "–"
@@ -199,16 +202,17 @@ def measure(deployment: Deployment, cell: Cell) -> None:
         cell.failure = "; ".join(str(p)[:300] for p in problems[:2])
 
 
-def run_row(row: int, column: str, workdir: Path) -> Cell:
-    """Deployment ``row`` launched, measured and stopped; its cell."""
+def run_row(row: int, column: str, workdir: Path, consumer: dynamo.Consumer) -> Cell:
+    """Deployment ``row`` launched with ``consumer`` in front, measured and stopped; its
+    cell."""
     shape, launcher = SHAPES[row]
-    cell = Cell(row, column, shape)
+    cell = Cell(row, column, shape, consumer.version)
     workdir.mkdir(parents=True, exist_ok=True)
     with contextlib.ExitStack() as stack:
         stack.enter_context(gate.large_launch(f"validation row {row}"))
         stage = "launch"
         try:
-            deployment = launcher(stack, workdir)
+            deployment = launcher(stack, workdir, consumer)
             cell.launch, stage = deployment.launch, "serving"
             measure(deployment, cell)
             # The KV pools and the allocator grow while serving: the figure a host must hold.
@@ -230,14 +234,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True, help="the cells, as JSON lines")
     parser.add_argument("--rows", default="1,2,3,4")
     parser.add_argument("--keep-logs", type=Path, help="copy each row's logs here")
+    parser.add_argument("--consumer", help="a next Dynamo version in front (default: the released)")
     args = parser.parse_args(argv)
     release = releases.installed_sglang_version()
+    consumer = dynamo.consumer(args.consumer)
+    logs_name = args.column if consumer.supervised else f"{args.column}-dynamo-{consumer.version}"
     for row in [int(r) for r in args.rows.split(",")]:
         with tempfile.TemporaryDirectory(prefix=f"overlay-validate-{row}-") as tmp:
             started = time.monotonic()
-            cell = run_row(row, args.column, Path(tmp))
+            cell = run_row(row, args.column, Path(tmp), consumer)
             if args.keep_logs is not None:
-                shutil.copytree(tmp, args.keep_logs / f"{args.column}-row{row}",
+                shutil.copytree(tmp, args.keep_logs / f"{logs_name}-row{row}",
                                 ignore=shutil.ignore_patterns("home", "discovery-*", "tokenizer"),
                                 dirs_exist_ok=True)  # fmt: skip
         record = {**dataclasses.asdict(cell), "release": release,
