@@ -33,6 +33,11 @@ SNAPSHOT_BYTES = 4096
 SOAK_CLIENTS = 64
 
 
+def _shared(load: list[float]) -> str:
+    # Above one runnable process on average, something besides this run held a core.
+    return " (other work shared the machine)" if max(load) > 1.0 else ""
+
+
 def run_all(
     patterns: list[str], extension: str, soak_calls: int, soak_calls_upstream: int
 ) -> dict[str, Any]:
@@ -96,7 +101,7 @@ def render(results: dict[str, Any], command: str) -> str:
         "",
         f"Machine: {m['cores']} cores, {m['cpu']}, Linux {m['kernel']}, Python {m['python']}. "
         f"Run at {stamp}; 1-minute load average {load[0]:.1f} at the start and "
-        f"{load[1]:.1f} at the end (other work shared the machine).",
+        f"{load[1]:.1f} at the end{_shared(load)}.",
         "",
         "Servers: ours is `_native.start_metadata_server` with its default limits "
         "(see [security.md](security.md)); upstream is `start_metadata_server` from the "
