@@ -33,7 +33,7 @@ SNAPSHOT_BYTES = 4096
 SOAK_CLIENTS = 64
 
 
-def _shared(load: list[float]) -> str:
+def _shared(load: tuple[float, float]) -> str:
     # Above one runnable process on average, something besides this run held a core.
     return " (other work shared the machine)" if max(load) > 1.0 else ""
 
