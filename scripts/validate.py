@@ -131,6 +131,9 @@ def section(cells: Cells, columns: list[str], consumer: str, rows: list[int], ab
     """One consumer's section: its heading, ``about`` the run, and its table, a row per
     deployment and a column per side."""
     header = ["deployment", "the seed's result", *columns]
+    if consumer != RELEASED_DYNAMO:
+        about += (f" Dynamo {consumer} runs from an env of its own (`ai-dynamo` above is the "
+                  "SGLang env's).")  # fmt: skip
     lines = [f"{HEADING}{consumer} in front", "", about, "", "| " + " | ".join(header) + " |",
              "|" + "---|" * len(header)]  # fmt: skip
     for row in rows:
