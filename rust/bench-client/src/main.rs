@@ -13,8 +13,8 @@
 //!
 //! The client keeps its heap (`keep_heap`): with glibc's defaults, a client holding many large
 //! replies at once gave pages back to the system as they were freed and faulted them in again
-//! for the next replies, about 55 page faults per 1 MiB call at 16 clients, and only against the servers
-//! fast enough to have many replies in flight.
+//! for the next replies: about 55 page faults per 1 MiB call at 16 clients, and only against
+//! the servers fast enough to have many replies in flight.
 //!
 //! With `--calls N` each client instead makes exactly N calls, every one counted (a soak: the
 //! duration and warm-up are ignored).
