@@ -225,16 +225,18 @@ def test_stop_sigterm_ignoring_tree_is_bounded_and_kills_grandchildren(
     assert fatal.calls == []
 
 
-def test_cooperative_provider_leftovers_are_killed(supervise, reaper, tmp_path) -> None:
+def test_cooperative_provider_leftovers_are_killed(supervise, reaper, tmp_path, caplog) -> None:
     keys, _ = reaper
     report = tmp_path / "r.json"
     sup, _ = supervise("grandchildren", ["--report", str(report)])
     sup.start()
     grandchildren = [tuple(k) for k in read_report(report)["grandchildren"]]
     keys.extend(grandchildren)
-    t0 = time.monotonic()
-    sup.stop()
-    assert time.monotonic() - t0 < 2.0  # the provider obeys SIGTERM; its leftovers do not
+    with caplog.at_level(logging.INFO, logger=supervisor.__name__):
+        sup.stop()
+    # The provider obeys SIGTERM and its SIGTERM-ignoring leftovers do not hold the stop up
+    # until the shutdown timeout: the shim kills them once the provider has exited.
+    assert "sending SIGKILL" not in caplog.text and "sending SIGTERM" in caplog.text
     assert all(gone(k) for k in grandchildren)
 
 

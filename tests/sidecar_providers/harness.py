@@ -87,6 +87,13 @@ class Fatal:
         self.event.set()
 
 
+# The default shutdown timeout of the supervisors built here. A cooperative provider exits as
+# soon as its SIGTERM handler has run, so a passing test never waits this long; it is generous
+# because on a loaded machine (a CI box installing several GB beside the unit tests) even
+# writing the handler's small file has taken over 5 s.
+COOPERATIVE_GRACE = 60.0
+
+
 class Supervisors:
     """Builds supervisors for ``sidecar_providers.<module>``; ``close()`` stops them all and
     SIGKILLs anything they started that is still running."""
@@ -103,7 +110,7 @@ class Supervisors:
             f"sidecar_providers.{module}",
             "http://127.0.0.1:30001",
             args,
-            options or SidecarOptions(shutdown_timeout=5.0),
+            options or SidecarOptions(shutdown_timeout=COOPERATIVE_GRACE),
             fatal,
             **kw,
         )
