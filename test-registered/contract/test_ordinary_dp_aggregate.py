@@ -70,8 +70,7 @@ class TestOrdinaryDPAggregate(DeploymentTestCase, NodeInfoChecks):
         self.frontend.wait_for_model()
         measured = seed_checks.measure("1. ordinary DP aggregate, 2 engines on 2 nodes",
                                        self.frontend, self.router, targets)  # fmt: skip
-        measured.report()
-        measured.assert_seed_pass()
+        self.assert_seed_pass(measured)
 
 
 if __name__ == "__main__":

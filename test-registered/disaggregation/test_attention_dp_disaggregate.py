@@ -77,8 +77,7 @@ class TestAttentionDPDisaggregation(DeploymentTestCase):
         prefill_targets, decode_targets = self.dynamo_targets
         self.assertEqual(sorted(rank for _worker, rank in prefill_targets), [0, 1])
         self.assertEqual(sorted(rank for _worker, rank in decode_targets), [0, 1])
-        self.measured.report()
-        self.measured.assert_seed_pass()
+        self.assert_seed_pass(self.measured)
 
     def test_2_checksums_agree_for_every_request(self):
         bench, targeted = self.measured.benchmark, self.measured.targeted

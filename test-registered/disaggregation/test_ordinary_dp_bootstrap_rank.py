@@ -231,8 +231,7 @@ class TestOrdinaryDPDisaggregation(DeploymentTestCase):
         prefill_targets, decode_targets = self.dynamo_targets
         self.assertEqual(sorted(rank for _worker, rank in prefill_targets), list(range(DP)))
         self.assertEqual(sorted(rank for _worker, rank in decode_targets), list(range(DP)))
-        self.measured.report()
-        self.measured.assert_seed_pass()
+        self.assert_seed_pass(self.measured)
 
     def test_checksums_agree_for_every_request_through_dynamo(self):
         bench, targeted = self.measured.benchmark, self.measured.targeted

@@ -5,13 +5,14 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 from sglang.test.test_utils import CustomTestCase
 
-from overlay_harness import nodes
+from overlay_harness import nodes, seed_checks
 
 # A directory to copy each class's working directory into before it is removed (the logs of a
 # run to read afterwards); unset, nothing is kept.
@@ -64,9 +65,28 @@ class DeploymentTestCase(NodesTestCase):
             cls._stack.close()
             raise
 
+    def assert_seed_pass(self, measured: seed_checks.Measured) -> None:
+        """``measured``'s row on stderr, then its counts asserted; when they fall short, every
+        log in the class's directory (nodes, sidecars, frontend, routers) first gets its tail
+        printed, since the directory goes with the class and a stalled request says little by
+        itself."""
+        measured.report()
+        try:
+            measured.assert_seed_pass()
+        except AssertionError:
+            print_log_tails(self.workdir)
+            raise
+
     @classmethod
     def tearDownClass(cls):
         try:
             cls._stack.close()
         finally:
             super().tearDownClass()
+
+
+def print_log_tails(directory: Path, lines: int = 60) -> None:
+    """The last ``lines`` lines of every ``*.log`` under ``directory``, on stderr."""
+    for log in sorted(directory.rglob("*.log")):
+        tail = log.read_text(errors="replace").splitlines()[-lines:]
+        sys.stderr.write(f"--- {log.relative_to(directory)} (tail) ---\n" + "\n".join(tail) + "\n")

@@ -4,7 +4,7 @@ Dynamo's frontend needs for the tiny model (``overlay_harness.tokenizer``)."""
 import json
 
 import pytest
-from overlay_harness import seed_checks, tokenizer
+from overlay_harness import seed_checks, testcase, tokenizer
 from overlay_harness.group import PAGE_SIZE, TINY_MODEL
 
 TARGET = (7, 1)
@@ -109,6 +109,25 @@ def test_a_seed_pass_needs_every_request_and_every_target() -> None:
     unseen = seed_checks.Targeted(passed=9, requests=9, event_targets=0, targets=1)
     with pytest.raises(AssertionError, match="event targets 0/1"):
         seed_checks.Measured("d", bench, unseen).assert_seed_pass()
+
+
+def test_a_short_seed_row_prints_every_logs_tail_before_failing(tmp_path, capsys) -> None:
+    (tmp_path / "node0").mkdir()
+    (tmp_path / "node0" / "sidecar.log").write_text("".join(f"s{i}\n" for i in range(100)))
+    (tmp_path / "frontend.log").write_text("504 Request deadline exceeded\n")
+    (tmp_path / "notes.txt").write_text("not a log\n")
+    case = testcase.DeploymentTestCase()
+    case.workdir = tmp_path
+    stalled = seed_checks.Targeted(passed=21, requests=36, event_targets=4, targets=4)
+    with pytest.raises(AssertionError, match="targeted 21/36"):
+        case.assert_seed_pass(seed_checks.Measured("4", None, stalled))
+    err = capsys.readouterr().err
+    assert "seed table: 4 |" in err and "--- frontend.log (tail) ---" in err
+    assert "504 Request deadline exceeded" in err and "not a log" not in err
+    assert "--- node0/sidecar.log (tail) ---" in err and "s99" in err and "s39\n" not in err
+    whole = seed_checks.Targeted(passed=36, requests=36, event_targets=4, targets=4)
+    case.assert_seed_pass(seed_checks.Measured("4", None, whole))
+    assert "(tail)" not in capsys.readouterr().err
 
 
 def test_the_tokenizer_covers_the_model_vocabulary_and_builds_the_same_every_time(
