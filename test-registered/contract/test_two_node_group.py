@@ -264,8 +264,7 @@ class TestTwoNodeGroup(DeploymentTestCase, NodeInfoChecks):
         self.frontend.wait_for_model()
         measured = seed_checks.measure("2. attention DP aggregate, 2 nodes", self.frontend,
                                        self.router, targets)  # fmt: skip
-        measured.report()
-        measured.assert_seed_pass()
+        self.assert_seed_pass(measured)
         # Rank 1's prefills ran on the follower node, from its cache.
         cached = f"#cached-token: {kv_events.reused_tokens([0] * seed_checks.INPUT_TOKENS)}"
         self.assertTrue(
@@ -277,9 +276,11 @@ class TestTwoNodeGroup(DeploymentTestCase, NodeInfoChecks):
 
     def test_6_the_next_dynamo_registers_every_rank_with_no_switch_set(self):
         nodes = [(node.host, self.target(node_rank)) for node_rank, node in enumerate(self.nodes)]
-        for version, python in dynamo.next_consumers().items():
+        for version in dynamo.next_consumers():
             began = time.monotonic()
-            with dynamo.ConsumerSet(version, python, nodes, PAGE_SIZE, self.workdir) as consumer:
+            with dynamo.ConsumerSet(
+                dynamo.consumer(version), nodes, PAGE_SIZE, self.workdir
+            ) as consumer:
                 registered = consumer.router.registered_ranks(kv_events.prompt())
                 self.assertEqual(registered, {0, 1}, f"ai-dynamo {version}")
                 scores, routed = self._route_through(consumer.router, version)

@@ -101,16 +101,25 @@ def consumer(version: str | None) -> Consumer:
 
 
 def external_sidecar(
-    consumer: Consumer, host: netns.Host | None, endpoint: str, mode: str | None, log_path: Path
+    consumer: Consumer,
+    host: netns.Host | None,
+    endpoint: str,
+    mode: str | None,
+    log_path: Path,
+    environ: dict[str, str] | None = None,
 ) -> DynamoProcess:
     """``consumer``'s sidecar on ``host`` for the node whose gRPC server is at ``endpoint``
     (a URL), serving the engine's disaggregation ``mode`` when given, started by hand as an
     operator runs a sidecar from another image: its role (leader, or relay on a follower) is
-    its own choice from the node's ``GetServerInfo``."""
+    its own choice from the node's ``GetServerInfo``. ``environ`` replaces the consumer's
+    environment (a discovery directory of its own, for example)."""
     args = ["--grpc-endpoint", endpoint, *TRANSPORT_ARGS]
     if mode is not None:
         args += ["--disaggregation-mode", mode]
-    return DynamoProcess(host, DYNAMO, args, log_path, **consumer.process_options())
+    options = consumer.process_options()
+    if environ is not None:
+        options["environ"] = environ
+    return DynamoProcess(host, DYNAMO, args, log_path, **options)
 
 
 def consumer_environ(
@@ -434,43 +443,51 @@ def frontend_reply(reply: dict) -> dict:
 
 
 class ConsumerSet:
-    """One Dynamo version beside the launch's own sidecars: its sidecar on every node
-    (``(host, gRPC endpoint)`` pairs, leader first), started by hand with ``--grpc-endpoint``,
-    and its router on the leader's host, all in a discovery directory of their own under
-    ``workdir``. The node's role (leader, or relay on a follower) is the sidecar's own
-    choice from the node's ``GetServerInfo``. ``stop()`` ends them all."""
+    """A next Dynamo version (``consumer``) beside the launch's own sidecars: its sidecar on
+    every node (``(host, gRPC endpoint)`` pairs, leader first), started by hand with
+    ``--grpc-endpoint``, and its router on the leader's host, all in a discovery directory of
+    their own under ``workdir``. The node's role (leader, or relay on a follower) is the
+    sidecar's own choice from the node's ``GetServerInfo``. ``stop()`` ends them all."""
 
     def __init__(
         self,
-        version: str,
-        python: str,
+        consumer: Consumer,
         nodes: list[tuple[netns.Host | None, str]],
         block_size: int,
         workdir: Path,
     ):
-        self.version, self.python, self.workdir = version, python, workdir
-        self.environ = dict(os.environ, DYN_FILE_KV=str(workdir / f"discovery-{uuid.uuid4().hex}"))
-        self.environ.pop("PYTHONPATH", None)
+        if consumer.python is None:
+            raise ValueError(
+                "ConsumerSet runs a next version from its own env, not the released one"
+            )
+        self.consumer, self.workdir = consumer, workdir
+        self.environ = {
+            **consumer.process_options()["environ"],
+            "DYN_FILE_KV": str(workdir / f"discovery-{uuid.uuid4().hex}"),
+        }
         self.sidecars: list[DynamoProcess] = []
         self.router: Router | None = None
         try:
             for node_rank, (host, endpoint) in enumerate(nodes):
                 self.sidecars.append(self.sidecar(host, endpoint, f"node{node_rank}"))
             self.router = Router(
-                nodes[0][0], block_size, self._log("router"), python=python, environ=self.environ
+                nodes[0][0],
+                block_size,
+                self._log("router"),
+                python=consumer.python,
+                environ=self.environ,
             )
         except BaseException:
             self.stop()
             raise
 
     def _log(self, name: str) -> Path:
-        return self.workdir / f"dynamo-{self.version}-{name}-{uuid.uuid4().hex[:6]}.log"
+        return self.workdir / f"dynamo-{self.consumer.version}-{name}-{uuid.uuid4().hex[:6]}.log"
 
     def sidecar(self, host: netns.Host | None, endpoint: str, name: str) -> DynamoProcess:
         """This version's sidecar on ``host`` for the gRPC server at ``endpoint``."""
-        args = ["--grpc-endpoint", f"http://{endpoint}", *TRANSPORT_ARGS]
-        return DynamoProcess(
-            host, DYNAMO, args, self._log(name), python=self.python, environ=self.environ
+        return external_sidecar(
+            self.consumer, host, f"http://{endpoint}", None, self._log(name), self.environ
         )
 
     def exited(self) -> list[str]:
