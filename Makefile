@@ -97,12 +97,13 @@ test-registered:
 # Two jobs side by side first: the Rust checks and the wheel (one core's work at a time), and
 # the SGLang tier's cached envs (downloads and installs, built only when missing) with the
 # upstream series' checks; then the SGLang sessions, with the unit tier and the fresh-venv
-# check beside them (one core's work, while the sessions' nodes often wait); then the
-# benchmark's smoke pass alone. Each job's steps keep their order (-j1).
+# check beside them (one core's work, while the sessions' nodes often wait), and the
+# benchmark's smoke pass as the pool's last job: it starts when a session ends and none waits,
+# beside the last session, instead of alone after it. Each job's steps keep their order (-j1).
 test:
 	$(MAKE) --no-print-directory -j2 --output-sync=line test-build test-series
-	$(MAKE) --no-print-directory -j2 --output-sync=line test-sglang-pool test-unit-and-venv
-	$(MAKE) --no-print-directory -j1 benchmark-smoke-installed
+	$(MAKE) --no-print-directory -j2 --output-sync=line test-sglang-pool test-unit-and-venv \
+		POOL_LAST_JOB="$(PY) scripts/benchmark.py --smoke"
 
 test-build:
 	$(MAKE) --no-print-directory -j1 rust-check install python-lint
@@ -130,11 +131,12 @@ test-sglang: series-tests test-sglang-pool
 
 test-sglang-pool:
 	$(PY) scripts/sglang_envs.py test --releases $(SGLANG_RELEASES) --with-patched \
-		--jobs $(SGLANG_TEST_JOBS) --wheel-dir $(WHEEL_DIR)
+		--jobs $(SGLANG_TEST_JOBS) --wheel-dir $(WHEEL_DIR) \
+		$(if $(POOL_LAST_JOB),--last-job "$(POOL_LAST_JOB)")
 
 # Every benchmark row once with tiny durations, nothing written: keeps `make benchmark` from
-# rotting (runs after test-registered, whose cached SGLang envs rows 4, 5, 7 and 8 use; row 8
-# launches one SGLang node per side, about a minute).
+# rotting (rows 4, 5, 7 and 8 use the cached SGLang envs; row 8 launches one SGLang node per
+# side, about a minute). `make test` runs it as the SGLang pool's last job.
 benchmark-smoke: install benchmark-smoke-installed
 
 # The same on the wheel already installed (`make test` built and installed it before the pool).

@@ -76,7 +76,23 @@ class Session:
         return environ
 
 
-def run_sessions(sessions: list[Session], jobs: int) -> list[str]:
+@dataclasses.dataclass
+class LastJob:
+    """A command (not a pytest session) queued after the sessions: it starts once a slot is
+    free and no session waits, i.e. in the pool's tail, where the last session runs alone and
+    half the machine would idle. Its output is printed whole when it ends, like a session's."""
+
+    label: str
+    argv: Sequence[str]
+
+    def command(self) -> list[str]:
+        return list(self.argv)
+
+    def environ(self, port_share: str | None) -> dict[str, str]:
+        return dict(os.environ)
+
+
+def run_sessions(sessions: Sequence[Session | LastJob], jobs: int) -> list[str]:
     """Run every session, up to ``jobs`` at once; returns the labels of those that failed.
 
     One at a time, pytest writes straight to this terminal. Side by side, each session writes
@@ -97,7 +113,7 @@ def run_sessions(sessions: list[Session], jobs: int) -> list[str]:
         return _run_side_by_side(sessions, jobs, Path(logs))
 
 
-def _run_side_by_side(sessions: list[Session], jobs: int, logs: Path) -> list[str]:
+def _run_side_by_side(sessions: Sequence[Session | LastJob], jobs: int, logs: Path) -> list[str]:
     waiting = list(enumerate(sessions))
     running: dict[int, tuple[subprocess.Popen, Path, float]] = {}
     failed: list[str] = []
@@ -116,7 +132,7 @@ def _run_side_by_side(sessions: list[Session], jobs: int, logs: Path) -> list[st
                         stderr=subprocess.STDOUT,
                     )
                 running[index] = (proc, out, time.monotonic())
-                log(f"{session.label}: running test-registered (output when it ends)")
+                log(f"{session.label}: running (output when it ends)")
             for index, (proc, out, started) in list(running.items()):
                 if proc.poll() is None:
                     continue
@@ -140,7 +156,7 @@ def _run_side_by_side(sessions: list[Session], jobs: int, logs: Path) -> list[st
     return failed
 
 
-def report(failed: list[str], sessions: list[Session]) -> int:
+def report(failed: list[str], sessions: Sequence[Session | LastJob]) -> int:
     if failed:
         log(f"test-registered failed on {', '.join(failed)}")
         return 1

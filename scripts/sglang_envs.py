@@ -26,12 +26,15 @@ the overlay; it first prints the proof that the plugin is not loaded there.
 ``--jobs N`` runs up to N sessions (one pytest run per env) side by side: a session
 alternates between importing SGLang in a fresh process and waiting on its nodes, so on two
 cores three sessions keep both busy. Each session's output goes to a file, printed whole when
-it ends; the sessions pick test ports from disjoint shares of the port range.
+it ends; the sessions pick test ports from disjoint shares of the port range. ``--last-job
+COMMAND`` queues one more job after the sessions (``make test``: the benchmark's smoke pass),
+so it runs in the pool's tail instead of after it.
 """
 
 from __future__ import annotations
 
 import argparse
+import shlex
 import subprocess
 import sys
 import time
@@ -51,7 +54,7 @@ from envs import (
     parse_releases,
     prepare_session_env,
 )
-from sessions import Session, report, run_sessions
+from sessions import LastJob, Session, report, run_sessions
 
 import patches
 
@@ -84,6 +87,12 @@ def build_parser() -> argparse.ArgumentParser:
                 type=int,
                 default=1,
                 help="sessions run side by side (default 1: one after another, live output)",
+            )
+            sub.add_argument(
+                "--last-job",
+                metavar="COMMAND",
+                help="a command run as the pool's last job, once a slot is free and no session "
+                "waits (the pool's tail); the run fails if it fails",
             )
             sub.add_argument("pytest_args", nargs="*", help="after --: passed to pytest")
     path = commands.add_parser("path")
@@ -141,7 +150,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         sessions.append(Session(release, env, args.pytest_args))
     if args.with_patched:
         sessions.append(patches.patched_session([patches.RELEASE], wheel, args.pytest_args))
-    return report(run_sessions(sessions, args.jobs), sessions)
+    jobs: list[Session | LastJob] = list(sessions)
+    if args.last_job:
+        jobs.append(LastJob(f"last job ({args.last_job})", shlex.split(args.last_job)))
+    return report(run_sessions(jobs, args.jobs), jobs)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,65 @@
+"""``scripts/sessions.py``'s pool: the last job waits for a free slot with no session waiting,
+runs beside the last session, and fails the pool when it fails (real processes)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import sessions
+
+# A job notes (its name, "start"|"end", the time) in a shared file, creates ``make`` (or "-")
+# as it starts, then waits for ``wait_for`` (or "-") to exist, with a deadline, and exits
+# ``code``: the order the jobs really ran in is read back, and no sleep decides it.
+_JOB = """
+import json, os, sys, time
+name, events, make, wait_for, code = sys.argv[1:6]
+def note(what):
+    with open(events, "a") as f:
+        f.write(json.dumps([name, what, time.monotonic()]) + "\\n")
+note("start")
+if make != "-":
+    open(make, "w").close()
+deadline = time.monotonic() + 60
+while wait_for != "-" and not os.path.exists(wait_for) and time.monotonic() < deadline:
+    time.sleep(0.02)
+note("end")
+sys.exit(int(code))
+"""
+
+
+def job(name: str, events: Path, *, make: Path | None = None, wait_for: Path | None = None,
+        code: int = 0) -> sessions.LastJob:  # fmt: skip
+    argv = [sys.executable, "-c", _JOB, name, str(events), str(make or "-"),
+            str(wait_for or "-"), str(code)]  # fmt: skip
+    return sessions.LastJob(name, argv)
+
+
+def order(events: Path) -> list[tuple[str, str]]:
+    rows = [json.loads(line) for line in events.read_text().splitlines()]
+    return [(name, what) for name, what, _ in sorted(rows, key=lambda row: row[2])]
+
+
+def test_the_last_job_starts_in_the_tail_beside_the_last_session(tmp_path: Path) -> None:
+    events, released = tmp_path / "events", tmp_path / "released"
+    # Two slots. "long" runs until "last" has started; "short" ends at once. Run after the
+    # whole pool, "last" would find "long" ended by its deadline instead.
+    pool = [
+        job("long", events, wait_for=released),
+        job("short", events),
+        job("last", events, make=released),
+    ]
+    assert sessions.run_sessions(pool, 2) == []
+    ran = order(events)
+    assert ran.index(("short", "end")) < ran.index(("last", "start")) < ran.index(("long", "end"))
+
+
+def test_a_failing_last_job_fails_the_pool(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    events = tmp_path / "events"
+    pool = [job("session", events), job("last", events, code=3)]
+    assert sessions.run_sessions(pool, 2) == ["last"]
+    assert sessions.report(["last"], pool) == 1
+    captured = capsys.readouterr()
+    assert "failed on last" in captured.out + captured.err
