@@ -19,7 +19,7 @@ SGLANG_TEST_JOBS ?= 2
 	test-build test-unit-and-venv test-series sglang-envs series-tests test-sglang-pool test-unit \
 	test-registered benchmark-smoke benchmark-smoke-installed selftest benchmark hostile \
 	fresh-venv-check fresh-venv-check-built sdist-check patches-check patches-lint patched-wheel \
-	test-patched test-sglang demo stress validate clean
+	test-patched test-sglang test-rest demo stress validate clean
 
 venv: $(PY)
 $(PY):
@@ -96,25 +96,44 @@ test-registered:
 
 # Two jobs side by side first: the Rust checks and the wheel (one core's work at a time), and
 # the SGLang tier's cached envs (downloads and installs, built only when missing) with the
-# upstream series' checks; then the SGLang sessions, with the unit tier and the fresh-venv
-# check beside them (one core's work, while the sessions' nodes often wait), and the
-# benchmark's smoke pass as the pool's last job: it starts when a session ends and none waits,
-# beside the last session, instead of alone after it. Each job's steps keep their order (-j1).
+# rebuilt wheel of the upstream series; then the SGLang pool (scripts/test_plan.py's sessions),
+# with the series' lint and own tests, the unit tier and the fresh-venv check beside it (one
+# core's work, while the sessions' nodes often wait), and the benchmark's smoke pass as the
+# pool's last job: it starts when a session ends and none waits, beside the last session,
+# instead of alone after it. Each job's steps keep their order. Every phase's wall time is
+# printed at the end, passed or not (scripts/phases.py); a pool session over twice its budget
+# fails the run, named.
 test:
-	$(MAKE) --no-print-directory -j2 --output-sync=line test-build test-series
-	$(MAKE) --no-print-directory -j2 --output-sync=line test-sglang-pool test-unit-and-venv \
-		POOL_LAST_JOB="$(PY) scripts/benchmark.py --smoke"
+	$(PHASES) reset
+	status=0; \
+	$(MAKE) --no-print-directory -j2 --output-sync=line test-build test-series || status=$$?; \
+	[ $$status -ne 0 ] || $(MAKE) --no-print-directory -j2 --output-sync=line test-sglang-pool \
+		test-unit-and-venv POOL_LAST_JOB="$(PY) scripts/benchmark.py --smoke" || status=$$?; \
+	$(PHASES) report; exit $$status
+
+PHASES := $(PYTHON) scripts/phases.py
+PHASE := $(PHASES) run
+# Each step alone, in order, as before (a prerequisite list run in parallel would race).
+SUBMAKE := $(MAKE) --no-print-directory -j1
 
 test-build:
-	$(MAKE) --no-print-directory -j1 rust-check install python-lint
+	$(PHASE) rust-check -- $(SUBMAKE) rust-check
+	$(PHASE) "wheel and install" -- $(SUBMAKE) install
+	$(PHASE) python-lint -- $(SUBMAKE) python-lint
 
+# Beside the pool: the series' lint and its own tests (off the pool's start), the unit tier and
+# the fresh-venv check.
 test-unit-and-venv:
-	$(MAKE) --no-print-directory -j1 test-unit fresh-venv-check-built
+	$(PHASE) "series: upstream lint" -- $(SUBMAKE) patches-lint
+	$(PHASE) "series: its own tests" -- $(SUBMAKE) series-tests
+	$(PHASE) "unit tier (tests/)" -- $(SUBMAKE) test-unit
+	$(PHASE) fresh-venv-check -- $(SUBMAKE) fresh-venv-check-built
 
-# What needs no project wheel: the SGLang envs, then the upstream series checked, linted and
-# its own tests run on the rebuilt wheel.
+# What the pool needs and the project wheel does not: the SGLang envs, then the upstream
+# series applied and rebuilt into its env.
 test-series:
-	$(MAKE) --no-print-directory -j1 sglang-envs patches-check patches-lint series-tests
+	$(PHASE) "SGLang envs" -- $(SUBMAKE) sglang-envs
+	$(PHASE) "series: rebuilt wheel" -- $(SUBMAKE) patches-check
 
 # The releases' envs and the next Dynamo versions' envs (each cached under
 # SGLANG_OVERLAY_CACHE, built under its own lock, so the steps that need them later only find
@@ -129,10 +148,22 @@ series-tests:
 # releases' sessions and the rebuilt wheel's in one pool, SGLANG_TEST_JOBS side by side.
 test-sglang: series-tests test-sglang-pool
 
+# With the default releases the pool runs scripts/test_plan.py's `ci` plan: each side only on
+# what can differ there, 0.5.23's files in two sessions so that the slots pack. Any other
+# SGLANG_RELEASES (`all`) runs every file on each release and on the rebuilt wheel.
+POOL_SELECTION = $(if $(filter ci,$(SGLANG_RELEASES)),--plan ci,--releases $(SGLANG_RELEASES) \
+	--with-patched)
+
 test-sglang-pool:
-	$(PY) scripts/sglang_envs.py test --releases $(SGLANG_RELEASES) --with-patched \
+	$(PHASE) "SGLang pool" -- $(PY) scripts/sglang_envs.py test $(POOL_SELECTION) \
 		--jobs $(SGLANG_TEST_JOBS) --wheel-dir $(WHEEL_DIR) \
 		$(if $(POOL_LAST_JOB),--last-job "$(POOL_LAST_JOB)")
+
+# What make test's plan leaves out (scripts/test_plan.py's `rest`): with make test, every
+# scenario file on 0.5.21, 0.5.23 and the rebuilt wheel.
+test-rest: install
+	$(PY) scripts/sglang_envs.py test --plan rest --jobs $(SGLANG_TEST_JOBS) \
+		--wheel-dir $(WHEEL_DIR)
 
 # Every benchmark row once with tiny durations, nothing written: keeps `make benchmark` from
 # rotting (rows 4, 5, 7 and 8 use the cached SGLang envs; row 8 launches one SGLang node per

@@ -20,12 +20,16 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pd_transfer
+import phases
 from envs import NEXT_CONSUMERS_ENV, ROOT, log, next_consumer_pythons
 
 # Sessions run side by side pick test ports from disjoint shares of the port range
 # (test-registered/overlay_harness/ports.py reads it): "<index>/<count>".
 PORT_SHARE_ENV = "SGLANG_OVERLAY_TEST_PORT_SHARE"
 HEARTBEAT_SECONDS = 120.0
+# A job that takes more than this many times its budget fails the pool, named: drift shows as
+# a red run long before the pool reaches CI's wall.
+OVER_BUDGET_FACTOR = 2.0
 
 
 def names_paths(pytest_args: Sequence[str]) -> bool:
@@ -41,6 +45,8 @@ class Session:
     env: Path
     pytest_args: Sequence[str]
     extra_env: dict[str, str] = dataclasses.field(default_factory=dict)
+    # Seconds it should take in make test's pool on the 2-core machine (None: unchecked).
+    budget: float | None = None
 
     def command(self) -> list[str]:
         # Paths given after "--" replace the default of the whole tree.
@@ -84,6 +90,7 @@ class LastJob:
 
     label: str
     argv: Sequence[str]
+    budget: float | None = None
 
     def command(self) -> list[str]:
         return list(self.argv)
@@ -100,14 +107,14 @@ def run_sessions(sessions: Sequence[Session | LastJob], jobs: int) -> list[str]:
     and ends with its pytest summary line.
     """
     if jobs <= 1 or len(sessions) == 1:
-        failed = []
+        failed: list[str] = []
         for session in sessions:
             log(f"{session.label}: running test-registered")
+            started = time.monotonic()
             code = subprocess.run(
                 session.command(), env=session.environ(None), cwd=ROOT, check=False
             ).returncode
-            if code != 0:
-                failed.append(session.label)
+            failed += finished(session, code, time.monotonic() - started)
         return failed
     with tempfile.TemporaryDirectory(prefix="sglang-envs-") as logs:
         return _run_side_by_side(sessions, jobs, Path(logs))
@@ -137,13 +144,12 @@ def _run_side_by_side(sessions: Sequence[Session | LastJob], jobs: int, logs: Pa
                 if proc.poll() is None:
                     continue
                 del running[index]
-                label, seconds = sessions[index].label, time.monotonic() - started
-                log(f"---- {label}: exit {proc.returncode} after {seconds:.0f} s")
+                seconds = time.monotonic() - started
+                log(f"---- {sessions[index].label}: exit {proc.returncode} after {seconds:.0f} s")
                 sys.stdout.flush()
                 sys.stdout.buffer.write(out.read_bytes())
                 sys.stdout.flush()
-                if proc.returncode != 0:
-                    failed.append(label)
+                failed += finished(sessions[index], proc.returncode, seconds)
             if running and time.monotonic() > heartbeat:
                 names = ", ".join(sessions[index].label for index in running)
                 log(f"still running: {names}")
@@ -154,6 +160,24 @@ def _run_side_by_side(sessions: Sequence[Session | LastJob], jobs: int, logs: Pa
             proc.kill()
             proc.wait()
     return failed
+
+
+def over_budget(job: Session | LastJob, seconds: float) -> bool:
+    return job.budget is not None and seconds > OVER_BUDGET_FACTOR * job.budget
+
+
+def finished(job: Session | LastJob, code: int, seconds: float) -> list[str]:
+    """Records the job's wall time (``phases.py``); the label when it failed or took more than
+    ``OVER_BUDGET_FACTOR`` times its budget, else nothing."""
+    note = "" if job.budget is None else f"budget {job.budget:.0f} s"
+    over = over_budget(job, seconds)
+    if over:
+        log(f"{job.label}: {seconds:.0f} s, over {OVER_BUDGET_FACTOR:g} times its {note}")
+        note = f"{note}: over {OVER_BUDGET_FACTOR:g}x"
+    phases.record(job.label, seconds, code, note)
+    if code != 0:
+        return [job.label]
+    return [f"{job.label} (over {OVER_BUDGET_FACTOR:g}x its budget)"] if over else []
 
 
 def report(failed: list[str], sessions: Sequence[Session | LastJob]) -> int:

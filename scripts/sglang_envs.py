@@ -34,6 +34,7 @@ so it runs in the pool's tail instead of after it.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import shlex
 import subprocess
 import sys
@@ -41,6 +42,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+import test_plan
 from envs import (
     DEFAULT_RELEASES,
     PINS,
@@ -89,6 +91,12 @@ def build_parser() -> argparse.ArgumentParser:
                 help="sessions run side by side (default 1: one after another, live output)",
             )
             sub.add_argument(
+                "--plan",
+                choices=sorted(test_plan.PLANS),
+                help="run the named plan's sessions (scripts/test_plan.py: 'ci' is make test's, "
+                "'rest' what it leaves out) instead of every file per release",
+            )
+            sub.add_argument(
                 "--last-job",
                 metavar="COMMAND",
                 help="a command run as the pool's last job, once a slot is free and no session "
@@ -127,6 +135,41 @@ def build_envs(releases: list[str]) -> None:
         log(f"{release}: env ready in {seconds:.1f} s")
 
 
+def release_sessions(
+    releases: list[str], with_patched: bool, wheel: Path, pytest_args: Sequence[str]
+) -> list[Session]:
+    """One session per release over the whole tier, and the rebuilt wheel's if asked."""
+    build_envs(releases)
+    sessions = []
+    for release in releases:
+        env = env_path(release)
+        prepare_session_env(env, wheel)
+        sessions.append(Session(release, env, pytest_args))
+    if with_patched:
+        sessions.append(patches.patched_session([patches.RELEASE], wheel, pytest_args))
+    return sessions
+
+
+def plan_sessions(
+    parts: Sequence[test_plan.Part], wheel: Path, pytest_args: Sequence[str]
+) -> list[Session]:
+    """A session per part of a plan (``test_plan.py``), each on its paths with its budget."""
+    build_envs(sorted({part.release for part in parts if not part.rebuilt}))
+    prepared: set[Path] = set()
+    sessions = []
+    for part in parts:
+        paths = [str(ROOT / "test-registered" / path) for path in part.paths]
+        if part.rebuilt:
+            session = patches.patched_session([part.release], wheel, [*paths, *pytest_args])
+        else:
+            session = Session(part.release, env_path(part.release), [*paths, *pytest_args])
+            if session.env not in prepared:
+                prepare_session_env(session.env, wheel)
+                prepared.add(session.env)
+        sessions.append(dataclasses.replace(session, label=part.label, budget=part.budget))
+    return sessions
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "path":
@@ -142,14 +185,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.patched:
         sessions = [patches.patched_session(releases, wheel, args.pytest_args)]
         return report(run_sessions(sessions, 1), sessions)
-    build_envs(releases)
-    sessions = []
-    for release in releases:
-        env = env_path(release)
-        prepare_session_env(env, wheel)
-        sessions.append(Session(release, env, args.pytest_args))
-    if args.with_patched:
-        sessions.append(patches.patched_session([patches.RELEASE], wheel, args.pytest_args))
+    if args.plan:
+        sessions = plan_sessions(test_plan.PLANS[args.plan], wheel, args.pytest_args)
+    else:
+        sessions = release_sessions(releases, args.with_patched, wheel, args.pytest_args)
     jobs: list[Session | LastJob] = list(sessions)
     if args.last_job:
         jobs.append(LastJob(f"last job ({args.last_job})", shlex.split(args.last_job)))

@@ -1,12 +1,16 @@
 """``scripts/sessions.py``'s pool: the last job waits for a free slot with no session waiting,
-runs beside the last session, and fails the pool when it fails (real processes)."""
+runs beside the last session, and fails the pool when it fails; a job over twice its budget
+fails the pool, named, and every job's time is recorded for ``make test``'s phase table (real
+processes)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
 
+import phases
 import pytest
 import sessions
 
@@ -63,3 +67,26 @@ def test_a_failing_last_job_fails_the_pool(tmp_path: Path, capsys: pytest.Captur
     assert sessions.report(["last"], pool) == 1
     captured = capsys.readouterr()
     assert "failed on last" in captured.out + captured.err
+
+
+def test_a_job_over_twice_its_budget_fails_the_pool_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(phases.PHASES_ENV, str(tmp_path / "phases.tsv"))
+    events = tmp_path / "events"
+    # No real process ends within two microseconds; an hour is never reached.
+    slow = dataclasses.replace(job("slow", events), budget=1e-6)
+    on_time = dataclasses.replace(job("on time", events), budget=3600)
+    failed = sessions.run_sessions([slow, on_time], 2)
+    assert failed == ["slow (over 2x its budget)"]
+    recorded = {name: (status, note) for name, _, status, note in phases.read()}
+    assert recorded["slow"] == (0, "budget 0 s: over 2x")
+    assert recorded["on time"] == (0, "budget 3600 s")
+
+
+def test_one_at_a_time_the_budget_is_checked_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(phases.PHASES_ENV, str(tmp_path / "phases.tsv"))
+    slow = dataclasses.replace(job("slow", tmp_path / "events"), budget=1e-6)
+    assert sessions.run_sessions([slow], 1) == ["slow (over 2x its budget)"]
