@@ -69,10 +69,7 @@ def test_a_failing_last_job_fails_the_pool(tmp_path: Path, capsys: pytest.Captur
     assert "failed on last" in captured.out + captured.err
 
 
-def test_a_job_over_twice_its_budget_fails_the_pool_named(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv(phases.PHASES_ENV, str(tmp_path / "phases.tsv"))
+def test_a_job_over_twice_its_budget_fails_the_pool_named(tmp_path: Path) -> None:
     events = tmp_path / "events"
     # No real process ends within two microseconds; an hour is never reached.
     slow = dataclasses.replace(job("slow", events), budget=1e-6)
@@ -84,9 +81,6 @@ def test_a_job_over_twice_its_budget_fails_the_pool_named(
     assert recorded["on time"] == (0, "budget 3600 s")
 
 
-def test_one_at_a_time_the_budget_is_checked_too(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv(phases.PHASES_ENV, str(tmp_path / "phases.tsv"))
+def test_one_at_a_time_the_budget_is_checked_too(tmp_path: Path) -> None:
     slow = dataclasses.replace(job("slow", tmp_path / "events"), budget=1e-6)
     assert sessions.run_sessions([slow], 1) == ["slow (over 2x its budget)"]
