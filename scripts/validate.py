@@ -227,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     minutes = (time.monotonic() - started) / 60
     about = (f"Written by `{COMMAND}` on {datetime.date.today()} in {minutes:.0f} min: "
              f"{machine()}. Versions: {versions(env_path(RELEASE))}; the "
-             f"rebuilt wheel is {RELEASE} with `patches/{RELEASE}/` applied.")  # fmt: skip
+             f"rebuilt wheel is {RELEASE} with `patches/sglang-{RELEASE}/` applied.")  # fmt: skip
     sections = {consumer: section(cells, in_order, consumer, rows, about)
                 for consumer in CONSUMERS if consumer in consumers}  # fmt: skip
     print("\n\n".join(sections.values()))
