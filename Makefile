@@ -96,7 +96,7 @@ test-registered:
 
 # Two jobs side by side first: the Rust checks and the wheel (one core's work at a time), and
 # the SGLang tier's cached envs (downloads and installs, built only when missing) with the
-# rebuilt wheel of the upstream series; then the SGLang pool (scripts/test_plan.py's sessions),
+# rebuilt wheel of the upstream series; then the SGLang pool (scripts/pool_plan.py's sessions),
 # with the series' lint and own tests, the unit tier and the fresh-venv check beside it (one
 # core's work, while the sessions' nodes often wait), and the benchmark's smoke pass as the
 # pool's last job: it starts when a session ends and none waits, beside the last session,
@@ -148,7 +148,7 @@ series-tests:
 # releases' sessions and the rebuilt wheel's in one pool, SGLANG_TEST_JOBS side by side.
 test-sglang: series-tests test-sglang-pool
 
-# With the default releases the pool runs scripts/test_plan.py's `ci` plan: each side only on
+# With the default releases the pool runs scripts/pool_plan.py's `ci` plan: each side only on
 # what can differ there, 0.5.23's files in two sessions so that the slots pack. Any other
 # SGLANG_RELEASES (`all`) runs every file on each release and on the rebuilt wheel.
 POOL_SELECTION = $(if $(filter ci,$(SGLANG_RELEASES)),--plan ci,--releases $(SGLANG_RELEASES) \
@@ -159,7 +159,7 @@ test-sglang-pool:
 		--jobs $(SGLANG_TEST_JOBS) --wheel-dir $(WHEEL_DIR) \
 		$(if $(POOL_LAST_JOB),--last-job "$(POOL_LAST_JOB)")
 
-# What make test's plan leaves out (scripts/test_plan.py's `rest`): with make test, every
+# What make test's plan leaves out (scripts/pool_plan.py's `rest`): with make test, every
 # scenario file on 0.5.21, 0.5.23 and the rebuilt wheel.
 test-rest: install
 	$(PY) scripts/sglang_envs.py test --plan rest --jobs $(SGLANG_TEST_JOBS) \

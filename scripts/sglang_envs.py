@@ -42,7 +42,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-import test_plan
+import pool_plan
 from envs import (
     DEFAULT_RELEASES,
     PINS,
@@ -92,8 +92,8 @@ def build_parser() -> argparse.ArgumentParser:
             )
             sub.add_argument(
                 "--plan",
-                choices=sorted(test_plan.PLANS),
-                help="run the named plan's sessions (scripts/test_plan.py: 'ci' is make test's, "
+                choices=sorted(pool_plan.PLANS),
+                help="run the named plan's sessions (scripts/pool_plan.py: 'ci' is make test's, "
                 "'rest' what it leaves out) instead of every file per release",
             )
             sub.add_argument(
@@ -151,9 +151,9 @@ def release_sessions(
 
 
 def plan_sessions(
-    parts: Sequence[test_plan.Part], wheel: Path, pytest_args: Sequence[str]
+    parts: Sequence[pool_plan.Part], wheel: Path, pytest_args: Sequence[str]
 ) -> list[Session]:
-    """A session per part of a plan (``test_plan.py``), each on its paths with its budget."""
+    """A session per part of a plan (``pool_plan.py``), each on its paths with its budget."""
     build_envs(sorted({part.release for part in parts if not part.rebuilt}))
     prepared: set[Path] = set()
     sessions = []
@@ -186,7 +186,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sessions = [patches.patched_session(releases, wheel, args.pytest_args)]
         return report(run_sessions(sessions, 1), sessions)
     if args.plan:
-        sessions = plan_sessions(test_plan.PLANS[args.plan], wheel, args.pytest_args)
+        sessions = plan_sessions(pool_plan.PLANS[args.plan], wheel, args.pytest_args)
     else:
         sessions = release_sessions(releases, args.with_patched, wheel, args.pytest_args)
     jobs: list[Session | LastJob] = list(sessions)

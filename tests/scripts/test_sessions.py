@@ -14,6 +14,14 @@ import phases
 import pytest
 import sessions
 
+
+@pytest.fixture(autouse=True)
+def private_phase_table(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The jobs' times go to a table of this test's, never to the phase table of a ``make
+    test`` these tests may be running inside."""
+    monkeypatch.setenv(phases.PHASES_ENV, str(tmp_path / "phases.tsv"))
+
+
 # A job notes (its name, "start"|"end", the time) in a shared file, creates ``make`` (or "-")
 # as it starts, then waits for ``wait_for`` (or "-") to exist, with a deadline, and exits
 # ``code``: the order the jobs really ran in is read back, and no sleep decides it.

@@ -39,7 +39,7 @@ DEPLOYMENT_3 = "disaggregation/test_ordinary_dp_bootstrap_rank.py"
 DEPLOYMENT_4 = "disaggregation/test_attention_dp_disaggregate.py"
 
 # Every path the tier holds (test-registered/pytest.ini's testpaths, by file where a side
-# splits a directory); tests/scripts/test_test_plan.py checks it against the tree.
+# splits a directory); tests/scripts/test_pool_plan.py checks it against the tree.
 ALL_PATHS = (
     UNIT, ENTRYPOINTS, SIDECAR, SECURITY, FAULTS, CONTRACT_V3, RELAUNCH,
     DEPLOYMENT_1, DEPLOYMENT_2, DEPLOYMENT_3, DEPLOYMENT_4,
