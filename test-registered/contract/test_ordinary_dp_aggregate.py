@@ -19,10 +19,10 @@ runs in every column.
    drops unknown ready keys before 0.5.22), each delivering a live batch of a real request on
    its own node; later calls get the same reply, built once per launch;
 2. the seed's measurements (``overlay_harness.seed_checks``): the router knows exactly the four
-   targets; 40 requests of 128 tokens in and 64 out, 4 at a time, all served (the newest
-   release's session); per target, two pinned requests and seven unpinned repeats, each routed
+   targets; per target, two pinned requests and seven unpinned repeats, each routed
    to the target that holds its prefix and served from its cache (36 requests, 28 unpinned);
-   each target's pinned prompt scored on that target and no other.
+   each target's pinned prompt scored on that target and no other. The 40-request benchmark
+   of this launch is ``make validate``'s (every column, asserted for the overlay's).
 
 The two engines take about as much memory as a prefill and a decode engine, so the class holds
 the machine's large-topology gate (``overlay_harness.gate``) from its first node's start to its

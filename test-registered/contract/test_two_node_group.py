@@ -263,7 +263,7 @@ class TestTwoNodeGroup(DeploymentTestCase, NodeInfoChecks):
         self.assertEqual([rank for _worker, rank in targets], [0, 1])
         self.frontend.wait_for_model()
         measured = seed_checks.measure("2. attention DP aggregate, 2 nodes", self.frontend,
-                                       self.router, targets)  # fmt: skip
+                                       self.router, targets, with_benchmark=True)  # fmt: skip
         self.assert_seed_pass(measured)
         # Rank 1's prefills ran on the follower node, from its cache.
         cached = f"#cached-token: {kv_events.reused_tokens([0] * seed_checks.INPUT_TOKENS)}"

@@ -14,11 +14,12 @@ rank's events and the leader's sidecar registers both ranks.
 Dynamo's frontend (KV router mode) and the two oracle routers (``dynamo.PrefillDecodeRouters``,
 started before the engines) run on the decode leader's host: ``overlay_harness.deployments``'
 row 4, the launch ``make validate`` runs in every column. The seed's measurements
-(``overlay_harness.seed_checks``): the routers know both prefill and both decode ranks; the
-benchmark (newest release's session); each (prefill rank, decode rank) pair pinned in turn,
+(``overlay_harness.seed_checks``): the routers know both prefill and both decode ranks; each
+(prefill rank, decode rank) pair pinned in turn,
 the unpinned repeats finding the prefill rank that holds their prompt (36 requests, 28
 unpinned); every rank's events seen by its router. Transfers: every digest a prefill node
-sent is verified by a decode node, and no request fails a checksum.
+sent is verified by a decode node, and no request fails a checksum. The 40-request benchmark
+of this launch is ``make validate``'s (every column, asserted for the overlay's).
 
 The four nodes are the largest topology of the tier (8.5 GiB PSS), so the class holds the
 machine's large-topology gate (``overlay_harness.gate``), and it runs in the newest release's

@@ -29,8 +29,8 @@ tokens prove nothing (the dummy weights give uniform logits). In order:
    conflict", the seed's failure). Every request succeeds, the checksums agree, and the
    prefill's transferred bytes are every prompt token's KV;
 2. the seed's measurements through Dynamo's frontend (``overlay_harness.seed_checks``): the
-   routers know the two prefill and two decode targets; the benchmark (newest release's
-   session); each (prefill, decode) pair pinned in turn, with the prefill's cache found by the
+   routers know the two prefill and two decode targets; each (prefill, decode) pair pinned
+   in turn (the 40-request benchmark is ``make validate``'s), with the prefill's cache found by the
    unpinned repeats (36 requests, 28 unpinned); every target's events seen by its router; the
    checksums agree for every request;
 3. a second prefill launched without the plugin (``SGLANG_PLUGINS`` allow-list) refuses every

@@ -25,9 +25,11 @@ target that holds their prefix: that is where a KV router's choice saves the wor
 
 What a deployment's test asserts is the counts (``Measured.assert_seed_pass``); the figures go
 to stderr as a row of the validation table (``report``). ``make test`` asserts the overlay's
-column, the newest release with the plugin: the benchmark runs there
-(``benchmark_asserted_here``); other sessions (another release, the rebuilt wheel) take the
-targeted and event measures, and the full matrix is ``make validate``'s.
+column, the newest release with the plugin (``benchmark_asserted_here``), and runs the
+40-request benchmark there on deployment 2 alone, the two-node attention-DP group the overlay
+exists for (``measure(..., with_benchmark=True)``); every deployment takes the targeted and
+event measures. The benchmark of every deployment, in every column and at the seed's full
+shapes, is ``make validate``'s, which asserts the overlay's and the rebuilt wheel's cells.
 """
 
 from __future__ import annotations
@@ -298,11 +300,13 @@ def measure(
     router,
     targets: list[Target],
     pins: list[Pin] | None = None,
+    *,
+    with_benchmark: bool = False,
 ) -> Measured:
-    """The seed's measurements of a deployment with ``targets`` (the benchmark where
-    :func:`benchmark_asserted_here`), pinned as ``pins`` say (by default one pin per target
-    of an aggregated deployment)."""
-    bench = benchmark(frontend) if benchmark_asserted_here() else None
+    """The seed's measurements of a deployment with ``targets`` (the benchmark too when asked
+    and :func:`benchmark_asserted_here`), pinned as ``pins`` say (by default one pin per
+    target of an aggregated deployment)."""
+    bench = benchmark(frontend) if with_benchmark and benchmark_asserted_here() else None
     pins = aggregated_pins(targets) if pins is None else pins
     return Measured(deployment, bench, targeted(frontend, router, pins, targets))
 
