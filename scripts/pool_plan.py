@@ -4,16 +4,17 @@ test-rest``: together the two run every scenario file on every side they ran on 
 Standard library only. A side is a release with the plugin, or the rebuilt wheel of
 ``patches/`` without it. Each side's session runs only what can differ there:
 
-- 0.5.23 with the plugin runs every file, in two sessions (the seeds' deployments, and the
-  rest), so that the pool's two slots pack and finish together.
-- 0.5.21 (the older adapter generation, ``adapters/v0_5_19.py``) runs every file whose subject
-  is one of its hooks: the node entrypoints, the sidecar, faults, secrets and relaunches. The
-  deployments measured through Dynamo (1, 2 and 3) read the contract those files assert, and
-  run there in ``make test-rest``.
-- The rebuilt wheel runs the scenarios that exercise the series. Deployments 1 and 3 through
-  Dynamo run there in ``make test-rest``, and at the seed's full shapes in ``make validate``'s
-  rebuilt column; the contract-3 acceptance test launches no SGLang (the plugin's own server),
-  so it runs with the plugin only.
+- 0.5.23 with the plugin runs every file, in two sessions (the nodes' files; the seeds'
+  deployments with the relaunch), so that the pool's two slots pack and finish together.
+- 0.5.21 is the other adapter generation (``adapters/v0_5_19.py``): it runs the files whose
+  subject is one of that adapter's own paths (the comment above its part names them). The
+  sidecar supervisor and the gates are the same modules on both generations; they, and the
+  deployments through Dynamo (which read the contract the files assert), run there in ``make
+  test-rest``.
+- The rebuilt wheel runs the files that cover the series' changes on their launch paths (the
+  comment above its part). The rest runs there in ``make test-rest``; deployments 1 and 3 also
+  at the seed's full shapes in ``make validate``'s rebuilt column, and the series' own unit
+  tests (``series-tests``) stay in ``make test``.
 
 ``budget`` is each session's seconds in the pool on the 2-core machine: a session over twice
 its budget fails the run, named (``sessions.finished``).
@@ -27,8 +28,12 @@ NEWEST = "0.5.23"
 OLDER_GENERATION = "0.5.21"
 
 UNIT = "unit"
-ENTRYPOINTS = "entrypoints"
-SIDECAR = "sidecar"
+GATING = "entrypoints/test_follower_gating.py"
+METADATA = "entrypoints/test_follower_metadata.py"
+HTTP = "entrypoints/test_http_server_info.py"
+SIDECAR_LAUNCH = "sidecar/test_sidecar_launch.py"
+RESTART = "sidecar/test_restart_policy.py"
+SWITCH_OFF = "sidecar/test_dynamo_switch_off.py"
 SECURITY = "security"
 FAULTS = "faults"
 CONTRACT_V3 = "contract/test_dynamo_accepts_contract_v3.py"
@@ -41,10 +46,9 @@ DEPLOYMENT_4 = "disaggregation/test_attention_dp_disaggregate.py"
 # Every path the tier holds (test-registered/pytest.ini's testpaths, by file where a side
 # splits a directory); tests/scripts/test_pool_plan.py checks it against the tree.
 ALL_PATHS = (
-    UNIT, ENTRYPOINTS, SIDECAR, SECURITY, FAULTS, CONTRACT_V3, RELAUNCH,
-    DEPLOYMENT_1, DEPLOYMENT_2, DEPLOYMENT_3, DEPLOYMENT_4,
+    UNIT, GATING, METADATA, HTTP, SIDECAR_LAUNCH, RESTART, SWITCH_OFF, SECURITY, FAULTS,
+    CONTRACT_V3, RELAUNCH, DEPLOYMENT_1, DEPLOYMENT_2, DEPLOYMENT_3, DEPLOYMENT_4,
 )  # fmt: skip
-NODES = (UNIT, ENTRYPOINTS, SIDECAR, SECURITY, FAULTS, CONTRACT_V3, RELAUNCH)
 DEPLOYMENTS = (DEPLOYMENT_1, DEPLOYMENT_2, DEPLOYMENT_3, DEPLOYMENT_4)
 # The rebuilt wheel never runs unit/, the plugin's own files.
 REBUILT_PATHS = tuple(path for path in ALL_PATHS if path != UNIT)
@@ -62,42 +66,56 @@ class Part:
 
 
 CI = (
-    Part(f"{NEWEST}: deployments", NEWEST, False, DEPLOYMENTS, 1000),
-    Part(f"{NEWEST}: nodes", NEWEST, False, NODES, 900),
+    Part(
+        f"{NEWEST}: nodes",
+        NEWEST,
+        False,
+        (
+            UNIT,
+            GATING,
+            METADATA,
+            HTTP,
+            SIDECAR_LAUNCH,
+            RESTART,
+            SWITCH_OFF,
+            SECURITY,
+            FAULTS,
+            CONTRACT_V3,
+        ),
+        1000,
+    ),
+    Part(f"{NEWEST}: deployments and relaunch", NEWEST, False, (*DEPLOYMENTS, RELAUNCH), 900),
+    # The v0_5_19 adapter's own paths: the DP controller's side channel and the HTTP route
+    # (HTTP), the publisher read-back and the follower's bind failure (METADATA), the follower
+    # server's start, stop and failed scheduler (RELAUNCH, FAULTS), the reply's redaction.
     Part(
         OLDER_GENERATION,
         OLDER_GENERATION,
         False,
-        (UNIT, ENTRYPOINTS, SIDECAR, SECURITY, FAULTS, RELAUNCH),
-        800,
+        (UNIT, HTTP, METADATA, RELAUNCH, SECURITY, FAULTS),
+        650,
     ),
+    # The series' changes on their launch paths: the DP controller's sources and the HTTP body
+    # (HTTP), the supervisor and the stop order (SIDECAR_LAUNCH, RESTART), the follower's
+    # server and sidecar and its failed scheduler (RELAUNCH, DEPLOYMENT_2), the redaction.
     Part(
         f"{NEWEST} (rebuilt wheel)",
         NEWEST,
         True,
-        (ENTRYPOINTS, SIDECAR, SECURITY, FAULTS, RELAUNCH, DEPLOYMENT_2),
-        700,
+        (HTTP, SIDECAR_LAUNCH, RESTART, RELAUNCH, SECURITY, DEPLOYMENT_2),
+        550,
     ),
 )
 
 # What CI leaves out, so that CI and REST together run every path of every side once.
 REST = (
-    Part(
-        f"{OLDER_GENERATION}: deployments",
-        OLDER_GENERATION,
-        False,
-        (CONTRACT_V3, DEPLOYMENT_1, DEPLOYMENT_2, DEPLOYMENT_3, DEPLOYMENT_4),
-        900,
-    ),
-    Part(
-        f"{NEWEST} (rebuilt wheel): deployments 1 and 3",
-        NEWEST,
-        True,
-        # Deployment 4 skips itself here: the newest release's session with the plugin only.
-        (CONTRACT_V3, DEPLOYMENT_1, DEPLOYMENT_3, DEPLOYMENT_4),
-        700,
-    ),
-)
+    Part(f"{OLDER_GENERATION}: the rest", OLDER_GENERATION, False,
+         (GATING, SIDECAR_LAUNCH, RESTART, SWITCH_OFF, CONTRACT_V3, *DEPLOYMENTS), 1000),
+    # Deployment 4 skips itself on the rebuilt wheel: newest release with the plugin only.
+    Part(f"{NEWEST} (rebuilt wheel): the rest", NEWEST, True,
+         (GATING, METADATA, SWITCH_OFF, FAULTS, CONTRACT_V3, DEPLOYMENT_1, DEPLOYMENT_3,
+          DEPLOYMENT_4), 900),
+)  # fmt: skip
 
 PLANS = {"ci": CI, "rest": REST}
 
