@@ -4,8 +4,8 @@ test-rest``: together the two run every scenario file on every side they ran on 
 Standard library only. A side is a release with the plugin, or the rebuilt wheel of
 ``patches/`` without it. Each side's session runs only what can differ there:
 
-- 0.5.23 with the plugin runs every file, in two sessions (the nodes' files; the seeds'
-  deployments with the relaunch), so that the pool's two slots pack and finish together.
+- 0.5.23 with the plugin runs every file, in two sessions (the nodes' files with the relaunch;
+  the seeds' deployments), so that the pool's two slots pack and finish together.
 - 0.5.21 is the other adapter generation (``adapters/v0_5_19.py``): it runs the files whose
   subject is one of that adapter's own paths (the comment above its part names them). The
   sidecar supervisor and the gates are the same modules on both generations; they, and the
@@ -65,9 +65,11 @@ class Part:
     budget: float
 
 
+# In the order the pool starts them: the two long ones first, then the rebuilt wheel's in the
+# slot that frees first (the smoke pass follows it there), then 0.5.21's.
 CI = (
     Part(
-        f"{NEWEST}: nodes",
+        f"{NEWEST}: nodes and relaunch",
         NEWEST,
         False,
         (
@@ -81,20 +83,11 @@ CI = (
             SECURITY,
             FAULTS,
             CONTRACT_V3,
+            RELAUNCH,
         ),
-        1000,
+        1100,
     ),
-    Part(f"{NEWEST}: deployments and relaunch", NEWEST, False, (*DEPLOYMENTS, RELAUNCH), 900),
-    # The v0_5_19 adapter's own paths: the DP controller's side channel and the HTTP route
-    # (HTTP), the publisher read-back and the follower's bind failure (METADATA), the follower
-    # server's start, stop and failed scheduler (RELAUNCH, FAULTS), the reply's redaction.
-    Part(
-        OLDER_GENERATION,
-        OLDER_GENERATION,
-        False,
-        (UNIT, HTTP, METADATA, RELAUNCH, SECURITY, FAULTS),
-        650,
-    ),
+    Part(f"{NEWEST}: deployments", NEWEST, False, DEPLOYMENTS, 950),
     # The series' changes on their launch paths: the DP controller's sources and the HTTP body
     # (HTTP), the supervisor and the stop order (SIDECAR_LAUNCH, RESTART), the follower's
     # server and sidecar and its failed scheduler (RELAUNCH, DEPLOYMENT_2), the redaction.
@@ -104,6 +97,16 @@ CI = (
         True,
         (HTTP, SIDECAR_LAUNCH, RESTART, RELAUNCH, SECURITY, DEPLOYMENT_2),
         550,
+    ),
+    # The v0_5_19 adapter's own paths: the DP controller's side channel and the HTTP route
+    # (HTTP), the publisher read-back and the follower's bind failure (METADATA), the follower
+    # server's start, stop and failed scheduler (RELAUNCH, FAULTS), the reply's redaction.
+    Part(
+        OLDER_GENERATION,
+        OLDER_GENERATION,
+        False,
+        (UNIT, HTTP, METADATA, RELAUNCH, SECURITY, FAULTS),
+        600,
     ),
 )
 

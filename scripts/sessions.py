@@ -96,7 +96,10 @@ class LastJob:
         return list(self.argv)
 
     def environ(self, port_share: str | None) -> dict[str, str]:
-        return dict(os.environ)
+        environ = dict(os.environ)
+        if port_share is not None:
+            environ[PORT_SHARE_ENV] = port_share
+        return environ
 
 
 def run_sessions(sessions: Sequence[Session | LastJob], jobs: int) -> list[str]:
@@ -122,28 +125,34 @@ def run_sessions(sessions: Sequence[Session | LastJob], jobs: int) -> list[str]:
 
 def _run_side_by_side(sessions: Sequence[Session | LastJob], jobs: int, logs: Path) -> list[str]:
     waiting = list(enumerate(sessions))
-    running: dict[int, tuple[subprocess.Popen, Path, float]] = {}
+    running: dict[int, tuple[subprocess.Popen, Path, float, int]] = {}
+    # Port shares go by slot, not by session: only ``jobs`` sessions run at once, so each gets
+    # 1/jobs of the range however many the pool holds (a nodes' host also binds ports SGLang
+    # derives from the harness's, which a denser share would meet sooner).
+    free_slots = list(range(jobs))
     failed: list[str] = []
     heartbeat = time.monotonic() + HEARTBEAT_SECONDS
     try:
         while waiting or running:
-            while waiting and len(running) < jobs:
+            while waiting and free_slots:
                 index, session = waiting.pop(0)
+                slot = free_slots.pop(0)
                 out = logs / f"{index}.log"
                 with open(out, "wb") as sink:
                     proc = subprocess.Popen(
                         session.command(),
-                        env=session.environ(f"{index}/{len(sessions)}"),
+                        env=session.environ(f"{slot}/{jobs}"),
                         cwd=ROOT,
                         stdout=sink,
                         stderr=subprocess.STDOUT,
                     )
-                running[index] = (proc, out, time.monotonic())
+                running[index] = (proc, out, time.monotonic(), slot)
                 log(f"{session.label}: running (output when it ends)")
-            for index, (proc, out, started) in list(running.items()):
+            for index, (proc, out, started, slot) in list(running.items()):
                 if proc.poll() is None:
                     continue
                 del running[index]
+                free_slots.append(slot)
                 seconds = time.monotonic() - started
                 log(f"---- {sessions[index].label}: exit {proc.returncode} after {seconds:.0f} s")
                 sys.stdout.flush()
@@ -156,7 +165,7 @@ def _run_side_by_side(sessions: Sequence[Session | LastJob], jobs: int, logs: Pa
                 heartbeat = time.monotonic() + HEARTBEAT_SECONDS
             time.sleep(1.0)
     finally:
-        for proc, _, _ in running.values():
+        for proc, _, _, _ in running.values():
             proc.kill()
             proc.wait()
     return failed

@@ -32,6 +32,7 @@ def note(what):
     with open(events, "a") as f:
         f.write(json.dumps([name, what, time.monotonic()]) + "\\n")
 note("start")
+note("share " + os.environ.get("SGLANG_OVERLAY_TEST_PORT_SHARE", "-"))
 if make != "-":
     open(make, "w").close()
 deadline = time.monotonic() + 60
@@ -92,3 +93,19 @@ def test_a_job_over_twice_its_budget_fails_the_pool_named(tmp_path: Path) -> Non
 def test_one_at_a_time_the_budget_is_checked_too(tmp_path: Path) -> None:
     slow = dataclasses.replace(job("slow", tmp_path / "events"), budget=1e-6)
     assert sessions.run_sessions([slow], 1) == ["slow (over 2x its budget)"]
+
+
+def test_jobs_side_by_side_take_the_port_shares_of_their_slots(tmp_path: Path) -> None:
+    events, released = tmp_path / "events", tmp_path / "released"
+    # "long" holds its slot until "third" has started in the slot "short" freed.
+    pool = [
+        job("long", events, wait_for=released),
+        job("short", events),
+        job("third", events, make=released),
+    ]
+    assert sessions.run_sessions(pool, 2) == []
+    shares = dict(
+        (name, what.split()[1]) for name, what in order(events) if what.startswith("share")
+    )
+    assert {shares["long"], shares["short"]} == {"0/2", "1/2"}
+    assert shares["third"] == shares["short"]
