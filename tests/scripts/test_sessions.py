@@ -55,17 +55,22 @@ def order(events: Path) -> list[tuple[str, str]]:
     return [(name, what) for name, what, _ in sorted(rows, key=lambda row: row[2])]
 
 
-def test_the_last_job_starts_in_the_tail_beside_the_last_session(tmp_path: Path) -> None:
+def long_short_then(tmp_path: Path, third: str) -> list[tuple[str, str]]:
+    """Two slots: "long" runs until ``third`` has started, "short" ends at once; what the jobs
+    noted, in the order they noted it."""
     events, released = tmp_path / "events", tmp_path / "released"
-    # Two slots. "long" runs until "last" has started; "short" ends at once. Run after the
-    # whole pool, "last" would find "long" ended by its deadline instead.
     pool = [
         job("long", events, wait_for=released),
         job("short", events),
-        job("last", events, make=released),
+        job(third, events, make=released),
     ]
     assert sessions.run_sessions(pool, 2) == []
-    ran = order(events)
+    return order(events)
+
+
+def test_the_last_job_starts_in_the_tail_beside_the_last_session(tmp_path: Path) -> None:
+    # Run after the whole pool, "last" would find "long" ended by its deadline instead.
+    ran = long_short_then(tmp_path, "last")
     assert ran.index(("short", "end")) < ran.index(("last", "start")) < ran.index(("long", "end"))
 
 
@@ -96,16 +101,11 @@ def test_one_at_a_time_the_budget_is_checked_too(tmp_path: Path) -> None:
 
 
 def test_jobs_side_by_side_take_the_port_shares_of_their_slots(tmp_path: Path) -> None:
-    events, released = tmp_path / "events", tmp_path / "released"
-    # "long" holds its slot until "third" has started in the slot "short" freed.
-    pool = [
-        job("long", events, wait_for=released),
-        job("short", events),
-        job("third", events, make=released),
-    ]
-    assert sessions.run_sessions(pool, 2) == []
-    shares = dict(
-        (name, what.split()[1]) for name, what in order(events) if what.startswith("share")
-    )
+    # "third" starts in the slot "short" freed, while "long" holds the other.
+    shares = {
+        name: what.split()[1]
+        for name, what in long_short_then(tmp_path, "third")
+        if what.startswith("share")
+    }
     assert {shares["long"], shares["short"]} == {"0/2", "1/2"}
     assert shares["third"] == shares["short"]
