@@ -81,7 +81,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         phases_file().unlink(missing_ok=True)
         return 0
     if args.command == "report":
-        print(f"== wall time per phase ({phases_file().name})\n{table(read())}", flush=True)
+        rows = read()
+        failed = sum(1 for _, _, status, _ in rows if status != 0)
+        print(f"== wall time per phase ({phases_file().name})\n{table(rows)}", flush=True)
+        print(f"phases: {len(rows) - failed} passed, {failed} failed", flush=True)
         return 0
     command = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
     if not command:
