@@ -24,8 +24,12 @@ from __future__ import annotations
 
 import dataclasses
 
-NEWEST = "0.5.23"
-OLDER_GENERATION = "0.5.21"
+from envs import RELEASES
+
+# The releases make test runs the tier on (the package's releases.py): the newest, and the
+# newest of the older adapter generation.
+NEWEST = RELEASES.NEWEST_RELEASE
+(OLDER_GENERATION,) = (release for release in RELEASES.CI_RELEASES if release != NEWEST)
 
 UNIT = "unit"
 GATING = "entrypoints/test_follower_gating.py"

@@ -11,6 +11,7 @@ from ``patches.py``.
     scripts/sglang_envs.py test  --releases all --wheel-dir dist [-- extra pytest args]
     scripts/sglang_envs.py test  --patched --releases 0.5.23 --wheel-dir dist [-- ...]
     scripts/sglang_envs.py test  --releases ci --with-patched --jobs 2 --wheel-dir dist
+    scripts/sglang_envs.py test  --plan ci --jobs 2 --wheel-dir dist   # make test's pool_plan.py
     scripts/sglang_envs.py path  0.5.23
     scripts/sglang_envs.py demo  --wheel-dir dist
 
