@@ -116,9 +116,13 @@ class Stream:
             raise AssertionError(f"{self.what} ended: {record or self.proc.stderr.read()[-2000:]}")
         return record["item"]
 
-    def close(self) -> None:
+    def end_input(self) -> None:
+        """Close the generator's stdin (it may read it to know when to stop), nothing more."""
         with contextlib.suppress(OSError, ValueError):
             self.proc.stdin.close()
+
+    def close(self) -> None:
+        self.end_input()
         with contextlib.suppress(ProcessLookupError):
             self.proc.kill()
         self.proc.wait(timeout=30)
