@@ -19,7 +19,7 @@ SGLANG_TEST_JOBS ?= 2
 	test-build test-unit-and-venv test-series sglang-envs series-tests test-sglang-pool test-unit \
 	test-registered benchmark-smoke benchmark-smoke-installed selftest benchmark hostile \
 	fresh-venv-check fresh-venv-check-built sdist-check patches-check patches-lint patched-wheel \
-	test-patched test-sglang test-rest demo stress validate clean
+	test-patched test-sglang test-rest demo stress validate faults clean
 
 venv: $(PY)
 $(PY):
@@ -211,6 +211,12 @@ benchmark: install
 # `make test` (which asserts the overlay's column): about an hour on this machine type.
 validate: install
 	$(PY) scripts/validate.py --wheel-dir $(WHEEL_DIR)
+
+# The fault table: the seeds' deployments under a steady load through Dynamo's frontend while a
+# sidecar, a scheduler or a whole group fails, stock beside the overlay; writes
+# docs/faults.md. Not part of `make test` (which asserts rows a, c and f on the overlay).
+faults: install
+	$(PY) scripts/faults.py --wheel-dir $(WHEEL_DIR)
 
 # The unit tier and one SGLang session, three times each, started as a background job
 # (SIGINT ignored, no terminal) under a CPU hog on every core: docs/compatibility.md.

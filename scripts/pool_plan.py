@@ -91,7 +91,7 @@ CI = (
         ),
         1100,
     ),
-    Part(f"{NEWEST}: deployments", NEWEST, False, DEPLOYMENTS, 950),
+    Part(f"{NEWEST}: deployments", NEWEST, False, DEPLOYMENTS, 1050),
     # The series' changes on their launch paths: the DP controller's sources and the HTTP body
     # (HTTP), the supervisor and the stop order (SIDECAR_LAUNCH, RESTART), the follower's
     # server and sidecar and its failed scheduler (RELAUNCH, DEPLOYMENT_2), the redaction.

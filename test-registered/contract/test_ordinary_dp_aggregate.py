@@ -22,7 +22,13 @@ runs in every column.
    targets; per target, two pinned requests and seven unpinned repeats, each routed
    to the target that holds its prefix and served from its cache (36 requests, 28 unpinned);
    each target's pinned prompt scored on that target and no other. The 40-request benchmark
-   of this launch is ``make validate``'s (every column, asserted for the overlay's).
+   of this launch is ``make validate``'s (every column, asserted for the overlay's);
+3. the fault table's row c (``overlay_harness.fault_rows``, ``docs/faults.md``): the first
+   engine's serving sidecar SIGKILLed under a steady load, with ``--sidecar-restart
+   on-failure`` and the frontend's ``--migration-limit``: no request fails or hangs, the
+   restarted sidecar's engine is back in the router's view within 10 s with its ranks scored,
+   and serves again (row f, the orchestrator's stop, ends deployment 4's test, whose groups
+   have followers).
 
 The two engines take about as much memory as a prefill and a decode engine, so the class holds
 the machine's large-topology gate (``overlay_harness.gate``) from its first node's start to its
@@ -33,7 +39,7 @@ import contextlib
 import unittest
 
 import pytest
-from overlay_harness import deployments, gate, seed_checks
+from overlay_harness import deployments, fault_rows, gate, seed_checks
 from overlay_harness.checks import NodeInfoChecks
 from overlay_harness.testcase import DeploymentTestCase
 from sglang.test.ci.ci_register import register_cpu_ci
@@ -44,13 +50,17 @@ register_cpu_ci(est_time=150, suite="base-a-test-cpu")
 
 ENGINES = 2
 DP = 2
+MIGRATION_LIMIT = 3
 
 
 class TestOrdinaryDPAggregate(DeploymentTestCase, NodeInfoChecks):
     @classmethod
     def start(cls, stack: contextlib.ExitStack) -> None:
         stack.enter_context(gate.large_launch(cls.__name__))
-        deployment = deployments.ordinary_dp_aggregate(stack, cls.workdir)
+        resilience = deployments.Resilience("on-failure", MIGRATION_LIMIT)
+        cls.deployment = deployment = deployments.ordinary_dp_aggregate(
+            stack, cls.workdir, resilience=resilience
+        )
         cls.engines = cls.started = deployment.nodes
         cls.groups = [engine.launch.group for engine in cls.engines]
         cls.infos = [engine.server_info() for engine in cls.engines]
@@ -71,6 +81,9 @@ class TestOrdinaryDPAggregate(DeploymentTestCase, NodeInfoChecks):
         measured = seed_checks.measure("1. ordinary DP aggregate, 2 engines on 2 nodes",
                                        self.frontend, self.router, targets)  # fmt: skip
         self.assert_seed_pass(measured)
+
+    def test_3_a_killed_serving_sidecar_restarts_under_load_with_no_failed_request(self):
+        self.assert_fault_row(fault_rows.serving_sidecar_killed(self.deployment, "overlay"))
 
 
 if __name__ == "__main__":

@@ -41,7 +41,11 @@ In order (the last one takes the group down):
    ``attn_dp_size`` 2) makes that version's relay refuse the follower;
 7. the switch's default for this consumer: each node logs it once and reports ``dp_size`` 2
    (and ``attn_dp_size`` 1 where the release reports it);
-8. a scheduler that raises (a request with token ids beyond the vocabulary, pinned to rank 1:
+8. the fault table's row a (``overlay_harness.fault_rows``, ``docs/faults.md``): the
+   follower's relay SIGKILLed under a steady load through the frontend, with ``--sidecar-restart
+   on-failure``: no request fails or hangs, the relay is back within 5 s, and a prompt pinned
+   to rank 1 after the restart is scored there, its unpinned repeats routed to rank 1;
+9. a scheduler that raises (a request with token ids beyond the vocabulary, pinned to rank 1:
    SGLang's SIGQUIT path) while the follower's metadata server and sidecar run: the follower's
    health turns NOT_SERVING, its sidecar goes with it, the router drops rank 1, and
    ``probe --group`` names the follower.
@@ -54,9 +58,17 @@ import subprocess
 import sys
 import time
 import unittest
-from pathlib import Path
 
-from overlay_harness import differences, dynamo, kv_events, nodes, probes, seed_checks
+from overlay_harness import (
+    deployments,
+    differences,
+    dynamo,
+    fault_rows,
+    kv_events,
+    nodes,
+    probes,
+    seed_checks,
+)
 from overlay_harness.checks import NodeInfoChecks, report_launch
 from overlay_harness.group import PAGE_SIZE, EngineGroup
 from overlay_harness.testcase import DeploymentTestCase
@@ -103,17 +115,6 @@ def group_errors(report: dict) -> dict:
     return {c["field"]: c["message"] for c in report["checks"] if c["level"] == "error"}
 
 
-def consumer_pids(node: nodes.Node) -> list[int]:
-    """Live processes of the node's Dynamo sidecar (the supervisor's shim and its provider)."""
-    marker = f"sglang-sidecar:{dynamo.DYNAMO}".encode()
-    found = []
-    for pid in nodes.pids_with_tag(node.tag):
-        with contextlib.suppress(OSError):
-            if marker in Path(f"/proc/{pid}/cmdline").read_bytes():
-                found.append(pid)
-    return found
-
-
 class TestTwoNodeGroup(DeploymentTestCase, NodeInfoChecks):
     @classmethod
     def start(cls, stack: contextlib.ExitStack) -> None:
@@ -122,7 +123,11 @@ class TestTwoNodeGroup(DeploymentTestCase, NodeInfoChecks):
         follower = cls.group.launch(
             1,
             sidecar=dynamo.DYNAMO,
-            sidecar_args=dynamo.sidecar_args(follower=True, endpoint=cls.group.grpc_endpoint(1)),
+            sidecar_args=[
+                "--sidecar-restart",
+                "on-failure",
+                *dynamo.sidecar_args(follower=True, endpoint=cls.group.grpc_endpoint(1)),
+            ],
             extra=tokenizer_args,
         )
         leader = cls.group.launch(
@@ -153,6 +158,7 @@ class TestTwoNodeGroup(DeploymentTestCase, NodeInfoChecks):
             cls.leader.host, cls.leader.address, cls.workdir / "home", cls.workdir / "frontend.log"
         )
         stack.callback(cls.frontend.stop)
+        cls.deployment = deployments.Deployment(cls.nodes, "", cls.frontend, cls.router, 2)
 
     def target(self, node_rank: int) -> str:
         return f"{self.group.address(node_rank)}:{self.group.grpc_ports[node_rank]}"
@@ -343,10 +349,20 @@ class TestTwoNodeGroup(DeploymentTestCase, NodeInfoChecks):
                 continue  # set explicitly there (overlay_harness.dynamo.consumer_environ)
             self.assertEqual(node.log_text().count(SWITCH_DEFAULT_LOG), 1, node.log_tail())
 
-    def test_8_a_raising_follower_scheduler_takes_its_sidecar_and_rank_away(self):
+    @unittest.skipUnless(
+        seed_checks.benchmark_asserted_here(),
+        "the fault table's rows run in make test on the newest release with the plugin; "
+        "make faults runs them on every column",
+    )
+    def test_8_a_killed_relay_restarts_under_load_with_no_failed_request(self):
+        self.assert_fault_row(
+            fault_rows.follower_relay_killed(self.deployment, "overlay", restarts=True)
+        )
+
+    def test_9_a_raising_follower_scheduler_takes_its_sidecar_and_rank_away(self):
         prompt = kv_events.prompt()
         self.assertEqual(set(self.router.wait_for_ranks({0, 1}, prompt)), {0, 1})
-        sidecar = consumer_pids(self.follower)
+        sidecar = fault_rows.sidecar_pids(self.follower)
         self.assertTrue(sidecar, "the follower's sidecar is not running")
         watch = None
         if not differences.differs(differences.FOLLOWER_HEALTH):
@@ -386,7 +402,7 @@ class TestTwoNodeGroup(DeploymentTestCase, NodeInfoChecks):
             self.follower.log_tail(),
         )
         nodes.wait_for(
-            lambda: consumer_pids(self.follower) == [],
+            lambda: fault_rows.sidecar_pids(self.follower) == [],
             GONE_DEADLINE,
             "the follower's sidecar to go",
         )

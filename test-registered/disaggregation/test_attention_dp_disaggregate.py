@@ -26,6 +26,12 @@ machine's large-topology gate (``overlay_harness.gate``), and it runs in the new
 session with the plugin only (``seed_checks.benchmark_asserted_here``): the column ``make test``
 asserts. The prefill's transferred bytes are not checked here: a follower node serves no
 ``/metrics``, so half the transfers would be unseen (deployment 3 checks them).
+
+Last, the fault table's row f (``overlay_harness.fault_rows``, ``docs/faults.md``) takes the
+deployment down as an orchestrator stops it: SIGTERM to all four nodes with requests in flight
+through the frontend, SIGKILL after a 30 s grace period. Every process is gone within it, each
+node's sidecar (serving on the leaders, relaying on the followers) is told and stops before its
+node's server, each node exits as ``docs/faults.md`` says, and no request hangs.
 """
 
 import collections
@@ -33,7 +39,7 @@ import contextlib
 import unittest
 
 import pytest
-from overlay_harness import deployments, dynamo, gate, pd, seed_checks
+from overlay_harness import deployments, dynamo, fault_rows, gate, pd, seed_checks
 from overlay_harness.testcase import DeploymentTestCase
 from sglang.test.ci.ci_register import register_cpu_ci
 
@@ -53,7 +59,7 @@ class TestAttentionDPDisaggregation(DeploymentTestCase):
     @classmethod
     def start(cls, stack: contextlib.ExitStack) -> None:
         stack.enter_context(gate.large_launch(cls.__name__))
-        deployment = deployments.attention_dp_disaggregate(stack, cls.workdir)
+        cls.deployment = deployment = deployments.attention_dp_disaggregate(stack, cls.workdir)
         cls.started = deployment.nodes
         cls.prefill_nodes, cls.decode_nodes = deployment.prefill, deployment.decode
         cls._measure_through_dynamo(deployment.frontend, deployment.router)
@@ -84,6 +90,9 @@ class TestAttentionDPDisaggregation(DeploymentTestCase):
         self.assertEqual(collections.Counter(self.received), collections.Counter(self.sent))
         self.assertNotIn("KV checksum mismatch", self.decode_logs)
         print(f"{requests} requests through Dynamo, each digest verified by a decode node")
+
+    def test_3_the_orchestrators_stop_under_load_ends_every_process_and_request(self):
+        self.assert_fault_row(fault_rows.group_stopped(self.deployment, "overlay"))
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from overlay_harness import checks, dynamo, netns, nodes, pd, ports
+from overlay_harness import checks, differences, dynamo, netns, nodes, pd, ports
 from overlay_harness.group import PAGE_SIZE, EngineGroup
 
 ORDINARY_DP = ["--tp", "1", "--dp", "2"]
@@ -53,6 +53,18 @@ class Deployment:
         return bool(self.prefill)
 
 
+@dataclasses.dataclass(frozen=True)
+class Resilience:
+    """What an operator sets for faults (``docs/operator-guide.md``): every sidecar's restart
+    policy, and the frontend's ``--migration-limit`` (0: off, Dynamo's default)."""
+
+    sidecar_restart: str = "never"
+    migration_limit: int = 0
+
+
+DEFAULTS = Resilience()
+
+
 @dataclasses.dataclass
 class Placed:
     """Where one node's sidecar goes: the node's group and rank, and its engine's
@@ -63,16 +75,26 @@ class Placed:
     mode: str | None = None
 
 
-def sidecar(placed: Placed, consumer: dynamo.Consumer) -> dict:
-    """``launch`` keywords for Dynamo's sidecar on ``placed``'s node: without the plugin, its
-    endpoint in ``--grpc-endpoint``, as an operator passes it; none when ``consumer``'s
-    sidecars are started beside the nodes."""
+def restart_policy_supported() -> bool:
+    """Whether the nodes' ``--sidecar`` takes ``--sidecar-restart``: the plugin's supervisor
+    and the series' do; stock SGLang passes unknown options on to the provider, and never
+    restarts it."""
+    return nodes.plugin_loaded() or differences.on_rebuilt_wheel()
+
+
+def sidecar(placed: Placed, consumer: dynamo.Consumer, resilience: Resilience = DEFAULTS) -> dict:
+    """``launch`` keywords for Dynamo's sidecar on ``placed``'s node, under ``resilience``'s
+    restart policy: without the plugin, its endpoint in ``--grpc-endpoint``, as an operator
+    passes it; none when ``consumer``'s sidecars are started beside the nodes."""
     if not consumer.supervised:
         return {}
     group, node_rank, mode = placed.group, placed.node_rank, placed.mode
+    restart = []
+    if resilience.sidecar_restart != DEFAULTS.sidecar_restart and restart_policy_supported():
+        restart = ["--sidecar-restart", resilience.sidecar_restart]
     return {
         "sidecar": dynamo.DYNAMO,
-        "sidecar_args": dynamo.sidecar_args(
+        "sidecar_args": restart + dynamo.sidecar_args(
             follower=node_rank > 0, endpoint=group.grpc_endpoint(node_rank), mode=mode,
             explicit_endpoint=not nodes.plugin_loaded(),
         ),
@@ -113,10 +135,15 @@ def start_beside(
 
 
 def frontend_on(
-    stack: contextlib.ExitStack, node: nodes.Node, workdir: Path, consumer: dynamo.Consumer
+    stack: contextlib.ExitStack,
+    node: nodes.Node,
+    workdir: Path,
+    consumer: dynamo.Consumer,
+    resilience: Resilience = DEFAULTS,
 ) -> dynamo.Frontend:
     frontend = dynamo.Frontend(node.host, node.address, workdir / "home",
-                               workdir / "frontend.log", consumer)  # fmt: skip
+                               workdir / "frontend.log", consumer,
+                               migration_limit=resilience.migration_limit)  # fmt: skip
     stack.callback(frontend.stop)
     return frontend
 
@@ -131,7 +158,10 @@ def router_on(
 
 
 def ordinary_dp_aggregate(
-    stack: contextlib.ExitStack, workdir: Path, consumer: dynamo.Consumer = dynamo.RELEASED
+    stack: contextlib.ExitStack,
+    workdir: Path,
+    consumer: dynamo.Consumer = dynamo.RELEASED,
+    resilience: Resilience = DEFAULTS,
 ) -> Deployment:
     """1: two TP 1 / DP 2 engines, one per node."""
     tokenizer_args = dynamo.enter_consumer(stack, workdir, consumer)
@@ -139,7 +169,7 @@ def ordinary_dp_aggregate(
     groups = [EngineGroup(1, ORDINARY_DP, network=network, first_host=i) for i in range(2)]
     placements = [Placed(group, 0) for group in groups]
     names = ["engine-a", "engine-b"]
-    launches = [placed.group.launch(0, **sidecar(placed, consumer),
+    launches = [placed.group.launch(0, **sidecar(placed, consumer, resilience),
                                     extra=[*dynamo.LEADER_ARGS, *tokenizer_args])
                 for placed in placements]  # fmt: skip
     started, launched = start(
@@ -147,27 +177,31 @@ def ordinary_dp_aggregate(
     )
     start_beside(stack, workdir, consumer, placements, names)
     router = router_on(stack, started[0], workdir, consumer)
-    frontend = frontend_on(stack, started[0], workdir, consumer)
+    frontend = frontend_on(stack, started[0], workdir, consumer, resilience)
     return Deployment(started, launched, frontend, router, 4)
 
 
 def attention_dp_aggregate(
-    stack: contextlib.ExitStack, workdir: Path, consumer: dynamo.Consumer = dynamo.RELEASED
+    stack: contextlib.ExitStack,
+    workdir: Path,
+    consumer: dynamo.Consumer = dynamo.RELEASED,
+    resilience: Resilience = DEFAULTS,
 ) -> Deployment:
     """2: one TP 2 / attention-DP 2 engine across two nodes."""
     tokenizer_args = dynamo.enter_consumer(stack, workdir, consumer)
     group = EngineGroup(2, ATTENTION_DP)
     # The follower first: it waits for its leader in the rendezvous, as in production.
     placements, names = [Placed(group, 1), Placed(group, 0)], ["follower", "leader"]
-    launches = [group.launch(1, **sidecar(placements[0], consumer), extra=tokenizer_args),
-                group.launch(0, **sidecar(placements[1], consumer),
+    launches = [group.launch(1, **sidecar(placements[0], consumer, resilience),
+                             extra=tokenizer_args),
+                group.launch(0, **sidecar(placements[1], consumer, resilience),
                              extra=[*dynamo.LEADER_ARGS, *tokenizer_args])]  # fmt: skip
     (follower, leader), launched = start(
         stack, workdir, launches, names, "two nodes, TP 2 / attention DP 2, Dynamo sidecars"
     )
     start_beside(stack, workdir, consumer, placements, names)
     router = router_on(stack, leader, workdir, consumer)
-    frontend = frontend_on(stack, leader, workdir, consumer)
+    frontend = frontend_on(stack, leader, workdir, consumer, resilience)
     return Deployment([leader, follower], launched, frontend, router, 2)
 
 

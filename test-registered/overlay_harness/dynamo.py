@@ -378,12 +378,12 @@ class Frontend(DynamoProcess):
     ``home`` keeps them in the test's directory."""
 
     def __init__(self, host: netns.Host | None, address: str, home: Path, log_path: Path,
-                 consumer: Consumer = RELEASED):  # fmt: skip
+                 consumer: Consumer = RELEASED, *, migration_limit: int = 0):  # fmt: skip
         self.address = address
         self.port = ports.free_port()
         self.model: str | None = None
         args = ["--http-host", address, "--http-port", str(self.port), "--router-mode", "kv",
-                *TRANSPORT_ARGS]  # fmt: skip
+                "--migration-limit", str(migration_limit), *TRANSPORT_ARGS]  # fmt: skip
         options = consumer.process_options()
         options["environ"] = dict(options.get("environ", os.environ), HOME=str(home))
         super().__init__(host, "dynamo.frontend", args, log_path, **options)

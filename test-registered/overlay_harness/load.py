@@ -180,9 +180,13 @@ class Load:
     def measured(self) -> Measured:
         return Measured(list(self.records), self.bound)
 
+    def stop_sending(self) -> None:
+        """No new request from now on; those in flight go on to their end."""
+        self.stream.end_input()
+
     def finish(self) -> Measured:
         """Stop sending; wait for every request in flight to end (each within the bound)."""
-        self.stream.end_input()
+        self.stop_sending()
         if not self.finished.wait(self.bound + 30):
             raise AssertionError(f"the load did not end within {self.bound + 30:.0f} s")
         self.stream.close()

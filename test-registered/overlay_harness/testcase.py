@@ -11,8 +11,9 @@ import time
 from pathlib import Path
 
 from sglang.test.test_utils import CustomTestCase
+from sglang_sidecar_overlay import releases
 
-from overlay_harness import nodes, seed_checks
+from overlay_harness import fault_rows, nodes, seed_checks
 
 # A directory to copy each class's working directory into before it is removed (the logs of a
 # run to read afterwards); unset, nothing is kept.
@@ -76,6 +77,15 @@ class DeploymentTestCase(NodesTestCase):
         except AssertionError:
             print_log_tails(self.workdir)
             raise
+
+    def assert_fault_row(self, cell: fault_rows.Cell) -> None:
+        """``cell``'s row of the fault table on stderr, then no miss of its goal; the logs'
+        tails first when it misses."""
+        release = releases.installed_sglang_version() or ""
+        sys.stderr.write(f"[{release}] fault table: {cell.summary()}\n")
+        if cell.problems:
+            print_log_tails(self.workdir)
+        self.assertEqual(cell.problems, [], cell.summary())
 
     @classmethod
     def tearDownClass(cls):

@@ -5,8 +5,8 @@ schedulers.
 from the builder, served by ``server.follower`` on ``--host``/``--grpc-port`` (with the opt-in
 follower sidecar when one is configured). :func:`failing_on_scheduler_crash` replaces the
 follower branch's wait on its schedulers, so a crashed scheduler fails the node instead of
-letting it exit 0; :func:`stop_server_before_sigquit` puts the server's stop ahead of SGLang's
-SIGQUIT crash path.
+letting it exit 0; :func:`stop_server_before_signals` puts the server's stop ahead of SGLang's
+SIGQUIT crash path and of an orchestrator's SIGTERM.
 """
 
 from __future__ import annotations
@@ -48,39 +48,52 @@ def start_node_follower(
         from sglang_sidecar_overlay.adapters import _sidecar
 
         _sidecar.attach_follower_sidecar(server, info.get("kv_event_sources") or [], launch)
-    stop_server_before_sigquit(server)
+    stop_server_before_signals(server)
     return server
 
 
-def stop_server_before_sigquit(server: FollowerMetadataServer) -> None:
-    """Chain the follower's SIGQUIT handler so SGLang's crash path stops ``server`` first.
+def stop_server_before_signals(server: FollowerMetadataServer) -> None:
+    """Chain the follower's SIGQUIT and SIGTERM handlers so ``server`` (its sidecar first)
+    stops before either signal takes the node down.
 
-    A failing scheduler (or sidecar) sends the engine process SIGQUIT, and SGLang's handler
-    SIGKILLs the node's whole process tree at once: health would never turn NOT_SERVING and the
-    sidecar would never get its SIGTERM, so a consumer such as Dynamo's stays registered for
-    ranks that are gone. Chained once the server is SERVING: NOT_SERVING and the sidecar's
-    bounded stop (``server.stop()``), then the handler it replaced. Signal handlers can only be
-    set from the main thread; elsewhere SGLang's handler is left as it is.
+    SIGQUIT is SGLang's crash path: a failing scheduler (or sidecar) sends it to the engine
+    process, and SGLang's handler SIGKILLs the node's whole process tree at once. SIGTERM is an
+    orchestrator's stop (Slurm's ``scancel``, Kubernetes deleting the pod); a follower has no
+    handler for it, so the process ends on the spot. Either way health would never turn
+    NOT_SERVING and the sidecar would outlive its server or get no SIGTERM, so a consumer such
+    as Dynamo's stays registered for ranks that are gone. Chained once the server is SERVING:
+    NOT_SERVING and the sidecar's bounded stop (``server.stop()``), then the handler it
+    replaced. Signal handlers can only be set from the main thread; elsewhere SGLang's are left
+    as they are.
     """
     if threading.current_thread() is not threading.main_thread():
         return
-    previous = signal.getsignal(signal.SIGQUIT)
+    for signum in (signal.SIGQUIT, signal.SIGTERM):
+        _stop_server_before(server, signal.Signals(signum))
 
-    def stop_then_quit(signum: int, frame: Any) -> None:
-        logger.error(
-            "SIGQUIT on follower node %s: stopping the follower metadata server at %s (its "
+
+def _stop_server_before(server: FollowerMetadataServer, signum: signal.Signals) -> None:
+    previous = signal.getsignal(signum)
+    # SIGQUIT means something crashed; SIGTERM is an orderly stop.
+    level = logging.ERROR if signum == signal.SIGQUIT else logging.INFO
+
+    def stop_then_forward(received: int, frame: Any) -> None:
+        logger.log(
+            level,
+            "%s on follower node %s: stopping the follower metadata server at %s (its "
             "sidecar first) before SGLang takes the node down",
+            signum.name,
             _sglang.node_rank(),
             server.address,
         )
         server.stop()
-        signal.signal(signal.SIGQUIT, previous)
+        signal.signal(signum, previous)
         if callable(previous):
-            previous(signum, frame)
+            previous(received, frame)
         else:  # the default action (or ignore), as if this handler had never been there
-            os.kill(os.getpid(), signal.SIGQUIT)
+            os.kill(os.getpid(), signum)
 
-    signal.signal(signal.SIGQUIT, stop_then_quit)
+    signal.signal(signum, stop_then_forward)
 
 
 def exit_description(exitcode: int) -> str:

@@ -60,7 +60,7 @@ SIGTERM_HANDLER = "sglang.srt.managers.tokenizer_manager.SignalHandler.sigterm_h
 
 def quit_server(description: str) -> None:
     """``on_fatal``: what upstream's SubprocessWatchdog does when a child crashes."""
-    logger.error("sidecar %s; triggering SIGQUIT to bring the server down", description)
+    logger.error("%s; triggering SIGQUIT to bring the server down", description)
     os.kill(os.getpid(), signal.SIGQUIT)
 
 

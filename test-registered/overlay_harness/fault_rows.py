@@ -1,0 +1,375 @@
+"""The fault table's rows: one fault injected into a launched deployment while a steady load
+(``overlay_harness.load``) flows through Dynamo's frontend, and the row's measures.
+
+Each row function takes a launched ``deployments.Deployment`` and returns a :class:`Cell`:
+the load's counts (sent, served, failed, hung past the bound, the first error), the recovery
+times the row defines, the processes of the failed part left after its bound, and notes. A
+cell's ``problems`` are where it misses the row's goal for the overlay (``docs/faults.md``);
+``make faults`` (``overlay_harness.fault_table``) writes the cells of every column, and the
+tests that run a row in ``make test`` assert that there are none.
+
+Every wait has a deadline; the load ends (each request within its bound) whatever happens.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import re
+import signal
+import time
+from pathlib import Path
+
+from overlay_harness import dynamo, kv_events, load, nodes, seed_checks
+from overlay_harness.deployments import Deployment
+
+# Requests served before the fault: the load is warm, every client has been answered.
+WARM_REQUESTS = 4
+WARM_DEADLINE = 180.0
+# Requests served after the recovery checks, so the window shows the load flowing again.
+AFTER_REQUESTS = 4
+AFTER_DEADLINE = 180.0
+# The goals (issue: the fault table): a relay back within 5 s, an engine back in the
+# router's view within 10 s, a failed group gone within 10 s.
+RELAY_BACK = 5.0
+ENGINE_BACK = 10.0
+GROUP_GONE = 10.0
+# How long a restarted part gets before the row records it as not back.
+RECOVERY_DEADLINE = 120.0
+# One pinned prompt's events get this long to be scored before the next prompt is tried.
+SCORE_ATTEMPT = 5.0
+SIDECAR_MARKER = f"sglang-sidecar:{dynamo.DYNAMO}".encode()
+
+
+@dataclasses.dataclass
+class Cell:
+    """One row in one column."""
+
+    row: str
+    column: str
+    fault: str
+    sent: int = 0
+    succeeded: int = 0
+    failed: int = 0
+    hung: int = 0
+    first_error: str | None = None
+    recovery: dict[str, float | None] = dataclasses.field(default_factory=dict)
+    left: int | None = None
+    notes: list[str] = dataclasses.field(default_factory=list)
+    problems: list[str] = dataclasses.field(default_factory=list)
+
+    def take(self, measured: load.Measured) -> None:
+        self.sent, self.succeeded = measured.sent, measured.succeeded
+        self.failed, self.hung = len(measured.failed), measured.hung
+        self.first_error = measured.first_error
+
+    def expect(self, ok: bool, problem: str) -> None:
+        if not ok:
+            self.problems.append(problem)
+
+    def summary(self) -> str:
+        recovery = ", ".join(f"{name} {_seconds(value)}" for name, value in self.recovery.items())
+        return (f"{self.row} ({self.column}): {self.sent} sent, {self.succeeded} served, "
+                f"{self.failed} failed, {self.hung} hung; {recovery}; left {self.left}; "
+                f"first error: {self.first_error}; notes: {self.notes}; "
+                f"problems: {self.problems}")  # fmt: skip
+
+
+def _seconds(value: float | None) -> str:
+    return "never" if value is None else f"{value:.1f} s"
+
+
+# --- the processes of a node ------------------------------------------------------------------
+
+
+def _cmdline(pid: int) -> bytes:
+    with contextlib.suppress(OSError):
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    return b""
+
+
+def _parent(pid: int) -> int | None:
+    with contextlib.suppress(OSError, IndexError, ValueError):
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return int(stat.rsplit(")", 1)[1].split()[1])
+    return None
+
+
+def sidecar_pids(node: nodes.Node) -> list[int]:
+    """Live processes of the node's Dynamo sidecar (the supervisor's shim and its provider)."""
+    return [pid for pid in nodes.pids_with_tag(node.tag) if SIDECAR_MARKER in _cmdline(pid)]
+
+
+# Stock SGLang's --sidecar: a multiprocessing child running the provider's main, logged so.
+STOCK_SIDECAR_STARTED = re.compile(rf"Sidecar module {re.escape(dynamo.DYNAMO)} started pid=(\d+)")
+
+
+def provider_pid(node: nodes.Node) -> int | None:
+    """The node's running sidecar provider, where the consumer's code runs: the supervisor
+    shim's child (the overlay, the series), or the child stock SGLang logged it started."""
+    pids = sidecar_pids(node)
+    supervised = next((pid for pid in pids if _parent(pid) in pids), None)
+    if supervised is not None:
+        return supervised
+    logged = [int(pid) for pid in STOCK_SIDECAR_STARTED.findall(node.log_text())]
+    return logged[-1] if logged and logged[-1] in nodes.pids_with_tag(node.tag) else None
+
+
+def kill_provider(node: nodes.Node) -> tuple[float, int]:
+    """SIGKILL the node's sidecar provider, as a crash would end it; (when, its pid)."""
+    pid = nodes.wait_for(lambda: provider_pid(node), RECOVERY_DEADLINE, f"{node.name}'s sidecar")
+    os.kill(pid, signal.SIGKILL)
+    return time.monotonic(), pid
+
+
+def provider_back(node: nodes.Node, old: int, since: float) -> float | None:
+    """Seconds from ``since`` until a new provider runs on ``node``; None past the deadline,
+    or at once when the node itself has exited (nothing will restart the sidecar)."""
+
+    def settled() -> str | None:
+        if provider_pid(node) not in (None, old):
+            return "back"
+        return "node gone" if node.proc.poll() is not None else None
+
+    with contextlib.suppress(AssertionError):
+        if nodes.wait_for(settled, RECOVERY_DEADLINE, "") == "back":
+            return time.monotonic() - since
+    return None
+
+
+# --- what the router scores ------------------------------------------------------------------
+
+
+def scored_again(deployment: Deployment, target: seed_checks.Target,
+                 since: float) -> float | None:  # fmt: skip
+    """Seconds from ``since`` until a new prompt pinned to ``target`` is scored there (and
+    nowhere else) by the oracle router; a prompt whose events never come is followed by a new
+    one. None past the deadline."""
+    frontend, router = deployment.frontend, deployment.router
+
+    def attempt() -> bool:
+        prompt = kv_events.prompt(seed_checks.INPUT_TOKENS)
+        (reply,) = frontend.generate_many([prompt], 1, 1, dynamo.pin(target))
+        if "error" in reply:
+            return False
+        targets = list(router.target_scores(prompt))
+        return seed_checks.events_seen(router, prompt, (target,), targets, SCORE_ATTEMPT) is None
+
+    with contextlib.suppress(AssertionError):
+        nodes.wait_for(attempt, RECOVERY_DEADLINE, "")
+        return time.monotonic() - since
+    return None
+
+
+def routed_again(deployment: Deployment, target: seed_checks.Target) -> seed_checks.Targeted:
+    """The targeted requests of ``target`` alone (two pinned, seven unpinned repeats that must
+    find its cache there), after a recovery."""
+    targets = list(deployment.router.target_scores(kv_events.prompt()))
+    return seed_checks.targeted(deployment.frontend, deployment.router,
+                                seed_checks.aggregated_pins([target]), targets)  # fmt: skip
+
+
+# --- rows ------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def loaded(deployment: Deployment, cell: Cell, *, serves_after: bool = True):
+    """The steady load from warm until the block's checks are done and (where the deployment
+    ``serves_after`` the fault) a few more requests were served; its counts go into ``cell``
+    however the block ends."""
+    deployment.frontend.wait_for_model()
+    flow = load.Load(deployment.frontend)
+    try:
+        flow.wait_served(WARM_REQUESTS, WARM_DEADLINE)
+        yield flow
+        if serves_after:
+            with contextlib.suppress(AssertionError):  # a load that stopped serving is counted
+                flow.wait_served(AFTER_REQUESTS, AFTER_DEADLINE, since=time.monotonic())
+    finally:
+        cell.take(flow.finish())
+
+
+def follower_relay_killed(deployment: Deployment, column: str, *, restarts: bool) -> Cell:
+    """Rows a and b (deployment 2): the follower's relay sidecar SIGKILLed under load. With
+    ``restarts`` (``--sidecar-restart on-failure``) it must be back within ``RELAY_BACK``
+    seconds and rank 1's new blocks routed again, with no request failed; without, the node
+    and its group go down within ``GROUP_GONE`` seconds, every request ending."""
+    follower = deployment.nodes[1]
+    cell = Cell("a" if restarts else "b", column, "follower relay SIGKILLed")
+    targets = seed_checks.registered_targets(deployment.router, deployment.targets)
+    rank1 = next(target for target in targets if target[1] == 1)
+    with loaded(deployment, cell, serves_after=restarts) as flow:
+        fault_at, old = kill_provider(follower)
+        if not restarts:  # the group goes: the requests in flight are the row's
+            flow.stop_sending()
+        if restarts:
+            back = cell.recovery["relay back"] = provider_back(follower, old, fault_at)
+            scored = cell.recovery["rank 1 scored"] = scored_again(deployment, rank1, fault_at)
+            again = routed_again(deployment, rank1)
+            cell.notes.append(f"after the restart, rank 1 targeted {again.passed}/"
+                              f"{again.requests}")  # fmt: skip
+            cell.expect(back is not None and back <= RELAY_BACK, f"relay back {_seconds(back)}")
+            cell.expect(scored is not None, "rank 1's new blocks never scored")
+            cell.expect(again.passed == again.requests, f"rank 1 targeted: {again.failures[:3]}")
+        else:
+            gone = cell.recovery["group gone"] = gone_within(deployment.nodes, fault_at)
+            cell.left = sum(len(nodes.pids_with_tag(node.tag)) for node in deployment.nodes)
+            cell.expect(gone is not None and gone <= GROUP_GONE, f"group gone {_seconds(gone)}")
+    if restarts:
+        cell.expect(cell.failed == 0, f"{cell.failed} failed: {cell.first_error}")
+    cell.expect(cell.hung == 0, f"{cell.hung} hung")
+    return cell
+
+
+def gone_within(group: list[nodes.Node], since: float,
+                seconds: float = RECOVERY_DEADLINE) -> float | None:  # fmt: skip
+    """Seconds from ``since`` until no process of ``group`` is left; None past ``seconds``."""
+    with contextlib.suppress(AssertionError):
+        nodes.wait_for(lambda: not any(nodes.pids_with_tag(n.tag) for n in group), seconds, "")
+        return time.monotonic() - since
+    return None
+
+
+def serving_sidecar_killed(deployment: Deployment, column: str) -> Cell:
+    """Row c (deployment 1, the frontend migrating): the first engine's serving sidecar
+    SIGKILLed under load, restarted by ``--sidecar-restart on-failure``: no request fails,
+    the engine is back in the router's view within ``ENGINE_BACK`` seconds, with its ranks
+    scored, and serves again; the other engine serves on."""
+    engine = deployment.nodes[0]
+    cell = Cell("c", column, "serving sidecar SIGKILLed (migration on)")
+    before = seed_checks.registered_targets(deployment.router, deployment.targets)
+    with loaded(deployment, cell) as flow:
+        fault_at, old = kill_provider(engine)
+        cell.recovery["sidecar back"] = provider_back(engine, old, fault_at)
+        back, fresh = new_worker(deployment, engine, before, fault_at)
+        cell.recovery["engine back in the router"] = back
+        if fresh is not None:
+            cell.recovery["rank 0 scored"] = scored_again(deployment, (fresh, 0), fault_at)
+    workers = {worker for worker, _ in before}
+    others = workers & {worker for worker, _ in _targets(deployment)}
+    cell.notes.append(f"workers before {sorted(workers)}, new {fresh}")
+    cell.notes.append(f"{migrations(deployment)} requests migrated (the frontend's log)")
+    measured = flow.measured()
+    cell.recovery["served by the engine"] = measured.first_served_after(fault_at, {fresh})
+    cell.recovery["served by the other engine"] = measured.first_served_after(fault_at, others)
+    cell.expect(back is not None and back <= ENGINE_BACK, f"engine back {_seconds(back)}")
+    cell.expect(cell.recovery.get("rank 0 scored") is not None, "its ranks never scored again")
+    cell.expect(cell.failed == 0, f"{cell.failed} failed: {cell.first_error}")
+    cell.expect(cell.hung == 0, f"{cell.hung} hung")
+    return cell
+
+
+MIGRATION = "migration retry scheduled"  # what Dynamo's frontend logs per migrated request
+
+
+def migrations(deployment: Deployment) -> int:
+    return deployment.frontend.log_text().count(MIGRATION)
+
+
+def _targets(deployment: Deployment) -> list[seed_checks.Target]:
+    with contextlib.suppress(AssertionError):
+        return list(deployment.router.target_scores(kv_events.prompt()))
+    return []
+
+
+def new_worker(deployment: Deployment, engine: nodes.Node, before: list,
+               since: float) -> tuple[float | None, int | None]:  # fmt: skip
+    """(seconds from ``since``, the worker id) once the router scores every rank of a worker
+    it did not score ``before`` (a restarted sidecar registers anew); (None, None) past the
+    deadline, or once ``engine`` has exited."""
+    known = {worker for worker, _rank in before}
+    ranks = len(before) // len(known)
+
+    def fresh() -> int | str | None:
+        found = [t for t in _targets(deployment) if t[0] not in known]
+        if len(found) == ranks:
+            return found[0][0]
+        return "engine gone" if engine.proc.poll() is not None else None
+
+    with contextlib.suppress(AssertionError):
+        worker = nodes.wait_for(fresh, RECOVERY_DEADLINE, "")
+        if isinstance(worker, int):
+            return time.monotonic() - since, worker
+    return None, None
+
+
+# SIGTERM to SIGKILL, as an orchestrator's stop gives it (Kubernetes' default grace period).
+GRACE = 30.0
+# How a node ends on SIGTERM (docs/faults.md): 0 once SGLang's drain completes and uvicorn
+# stops; SIGTERM's default action (a follower, after its sidecar and server stopped); SIGKILL
+# from SGLang's own crash path (``kill_process_tree``, parent included) when a node's
+# collective peers left mid-step. The harness's SIGKILL comes only after the grace period,
+# which the row counts as a miss by itself.
+STOP_EXIT_CODES = {0, -signal.SIGTERM, -signal.SIGKILL}
+
+
+def group_stopped(deployment: Deployment, column: str, grace: float = GRACE) -> Cell:
+    """Row f: SIGTERM to every node of the deployment with requests in flight, SIGKILL to
+    what is left after ``grace`` seconds: every process gone within the grace period, each
+    node's sidecar told (SIGTERM) and gone before its server stopped, every request ended."""
+    cell = Cell("f", column, f"SIGTERM to every node, SIGKILL after {grace:.0f} s")
+    with loaded(deployment, cell, serves_after=False) as flow:
+        fault_at = time.monotonic()
+        for node in deployment.nodes:
+            os.kill(node.proc.pid, signal.SIGTERM)
+        flow.stop_sending()  # the group goes: the requests in flight are the row's
+        gone = cell.recovery["every process gone"] = gone_within(deployment.nodes, fault_at, grace)
+        cell.left = sum(len(nodes.pids_with_tag(node.tag)) for node in deployment.nodes)
+        for node in deployment.nodes:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(node.proc.pid, signal.SIGKILL)
+            for pid in nodes.pids_with_tag(node.tag):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+    codes = {node.name: node.proc.wait(timeout=30) for node in deployment.nodes}
+    cell.notes.append(f"exit codes {codes}")
+    for node in deployment.nodes:
+        order = stop_order(node)
+        cell.notes.append(f"{node.name}: {order}")
+        cell.expect(order == STOPPED_FIRST, f"{node.name}: {order}")
+    cell.expect(gone is not None, f"processes left after {grace:.0f} s: {cell.left}")
+    cell.expect(set(codes.values()) <= STOP_EXIT_CODES, f"exit codes {codes}")
+    cell.expect(cell.hung == 0, f"{cell.hung} hung")
+    return cell
+
+
+# Where a node's log says its sidecar was told to stop (the supervisor's SIGTERM), was stopped,
+# and its server went down, leader and follower, the plugin's lines and the series'
+# (DIFFERENCES.md #2). A node SGLang killed (``kill_process_tree``) logs no server stop: its
+# server went with the process, after its children (the sidecar among them).
+SIDECAR_TOLD = "sending SIGTERM to sidecar"
+DYNAMO_SIGTERM = "dynamo_sidecar_common::run: SIGTERM received"
+DYNAMO_RAN = "dynamo_sglang_sidecar"  # the target of every line Dynamo's sidecar logs
+SGLANG_KILLS_TREE = "kill_process_tree called"
+STOPPED_FIRST = "sidecar told and stopped first"
+SIDECAR_STOPPED = re.compile(rf"(leader|follower) sidecar {re.escape(dynamo.DYNAMO)} pid=")
+SERVER_STOPPED = re.compile(
+    r"gRPC server shutting down|[Ff]ollower metadata server( at \S+)? stopped"
+)
+
+
+def stop_order(node: nodes.Node) -> str:
+    """Whether the node told its sidecar to stop (SIGTERM) and the sidecar stopped before the
+    node's server, by the node's log (``STOPPED_FIRST`` when it did); where the node logs no
+    sidecar stop (stock SGLang), whether the sidecar ran and got a SIGTERM at all (Dynamo's
+    sidecar logs one)."""
+    log = node.log_text()
+    stopped = [m.start() for m in SIDECAR_STOPPED.finditer(log)]
+    server = [m.start() for m in SERVER_STOPPED.finditer(log)]
+    told = log.find(SIDECAR_TOLD)
+    if not stopped:
+        if told >= 0 and log.find(SGLANG_KILLS_TREE, told) >= 0:
+            # SGLang's crash path (a peer left mid-step) killed the node while the sidecar
+            # stopped: children first, the sidecar among them, then the node (its server).
+            return STOPPED_FIRST
+        if DYNAMO_RAN not in log:
+            return "no sidecar ran on this node"
+        if DYNAMO_SIGTERM not in log:
+            return "sidecar never got SIGTERM (killed with the node's tree)"
+        return "sidecar got SIGTERM; no stop order logged"
+    if server and stopped[-1] > server[-1]:
+        return "server stopped before its sidecar"
+    if told < 0:
+        return "sidecar stopped without a SIGTERM from the node"
+    return STOPPED_FIRST
