@@ -14,7 +14,7 @@ validate`` uses:
 
 Exit status 0 when every overlay cell meets its row's goal (``docs/faults.md``).
 
-    scripts/faults.py --wheel-dir dist [--columns stock,overlay] [--rows a,b,c,f] [--no-doc]
+    scripts/faults.py --wheel-dir dist [--columns stock,overlay] [--rows a,b,c,d1,d2,f,g] [--no-doc]
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from validate import RELEASE, column_session, machine, versions
 
 COLUMNS = ("stock", "overlay", "rebuilt")
 DEFAULT_COLUMNS = ("stock", "overlay")
-ROWS = ("a", "b", "c", "f")
+ROWS = ("a", "b", "c", "d1", "d2", "f", "g")
 # Whose cells must meet the row's goal; the others are reported beside them.
 JUDGED = ("overlay", "rebuilt")
 DOC = ROOT / "docs" / "faults.md"
@@ -44,7 +44,12 @@ FAULTS = {
     "b": "b. the same, with the default policy `never` (deployment 2)",
     "c": "c. a leader's serving sidecar SIGKILLed, `on-failure`, the frontend's "
     "`--migration-limit 3` (deployment 1)",
+    "d1": "d. a scheduler SIGKILLed while it serves: one engine's, the frontend's "
+    "`--migration-limit 3` (deployment 1)",
+    "d2": "d. a scheduler SIGKILLed while it serves: the follower's (deployment 2)",
     "f": "f. SIGTERM to every node with requests in flight, SIGKILL after 30 s (deployment 2)",
+    "g": "g. Dynamo's standalone router (a KV-event subscriber off the request path) "
+    "SIGSTOPped for 10 s, then resumed (deployment 1)",
 }
 
 
@@ -98,6 +103,20 @@ def table(cells: dict[tuple[str, str], dict], columns: list[str], rows: list[str
     return "\n".join(lines)
 
 
+CELLS = "cells.json"
+
+
+def merge_cells(path: Path, cells: dict[tuple[str, str], dict]) -> dict[tuple[str, str], dict]:
+    """``cells`` over the cells saved at ``path`` by earlier runs; the merge is saved there."""
+    saved = json.loads(path.read_text()) if path.exists() else []
+    merged = {(cell["row"], cell["column"]): cell for cell in saved}
+    merged.update({(row, column): {**cell, "column": column}
+                   for (row, column), cell in cells.items()})  # fmt: skip
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(list(merged.values()), indent=1))
+    return merged
+
+
 def missed_goals(cells: dict[tuple[str, str], dict]) -> list[str]:
     """The judged columns' cells that miss their row's goal, one line each."""
     return [f"{column} row {row}: {'; '.join(cell['problems'])}"
@@ -123,7 +142,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="each row's logs, per column")  # fmt: skip
     parser.add_argument("--no-doc", action="store_true", help=f"do not write {DOC.name}")
     args = parser.parse_args(argv)
-    columns, rows = args.columns.split(","), args.rows.split(",")
+    columns = args.columns.split(",")
+    rows = sorted(args.rows.split(","), key=lambda row: ROWS.index(row) if row in ROWS else 0)
     if unknown := set(columns) - set(COLUMNS):
         raise SystemExit(f"--columns: unknown {sorted(unknown)}; choose from {COLUMNS}")
     if unknown_rows := set(rows) - set(ROWS):
@@ -133,8 +153,15 @@ def main(argv: list[str] | None = None) -> int:
     cells = {(cell["row"], column): cell for column in columns
              for cell in run_column(column, wheel, rows, args.logs)}  # fmt: skip
     minutes = (time.monotonic() - started) / 60
-    about = (f"Written by `{COMMAND}` on {datetime.date.today()} in {minutes:.0f} min: "
-             f"{machine()}. Versions: {versions(env_path(RELEASE))}.")  # fmt: skip
+    # A run of some rows or columns keeps the other cells of the last runs (kept beside the logs).
+    ran_rows, ran_columns = rows, columns
+    cells = merge_cells(args.logs / CELLS, cells)
+    columns = [column for column in COLUMNS if any(c == column for _, c in cells)]
+    rows = [row for row in ROWS if any(r == row for r, _ in cells)]
+    about = (f"Written by `{COMMAND}` on {datetime.date.today()}: {machine()}. Versions: "
+             f"{versions(env_path(RELEASE))}. This run: rows {', '.join(ran_rows)} of "
+             f"{', '.join(ran_columns)} in {minutes:.0f} min; any other cell is from an earlier "
+             f"run, kept in `{CELLS}` beside the logs.")  # fmt: skip
     region = f"{about}\n\n{table(cells, columns, rows)}"
     print(region)
     if not args.no_doc:

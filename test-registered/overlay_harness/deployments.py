@@ -31,6 +31,7 @@ from overlay_harness.group import PAGE_SIZE, EngineGroup
 ORDINARY_DP = ["--tp", "1", "--dp", "2"]
 ATTENTION_DP = ["--tp", "2", "--dp", "2", "--enable-dp-attention"]
 STOP_TIMEOUT = 10.0
+BLOCKING_FOLLOWER = "blocking-follower"  # node_process's role for launch_server's follower
 
 
 @dataclasses.dataclass
@@ -102,15 +103,21 @@ def sidecar(placed: Placed, consumer: dynamo.Consumer, resilience: Resilience = 
 
 
 def start(stack: contextlib.ExitStack, workdir: Path, launches: list, names: list[str],
-          topology: str) -> tuple[list[nodes.Node], str]:  # fmt: skip
-    """The nodes of ``launches``, started in order, each ready, stopped when ``stack`` closes;
-    (nodes, the time to every node ready and the memory then: ``checks.report_launch``)."""
+          topology: str, roles: list[str | None] | None = None,
+          ) -> tuple[list[nodes.Node], str]:  # fmt: skip
+    """The nodes of ``launches``, started in order (in ``roles``, ``node_process``'s, when
+    given), each ready (a blocking follower: serving), stopped when ``stack`` closes; (nodes,
+    the time to every node ready and the memory then: ``checks.report_launch``)."""
     began = time.monotonic()
     started = stack.enter_context(
-        nodes.running(*launches, names=names, log_dir=workdir, stop_timeout=STOP_TIMEOUT)
-    )
+        nodes.running(*launches, names=names, roles=roles, log_dir=workdir,
+                      stop_timeout=STOP_TIMEOUT)
+    )  # fmt: skip
     for node in started:
-        node.expect_ready()
+        if node.role == BLOCKING_FOLLOWER:
+            node.wait_serving()
+        else:
+            node.expect_ready()
     return started, checks.report_launch(topology, started, began)
 
 
@@ -196,9 +203,12 @@ def attention_dp_aggregate(
                              extra=tokenizer_args),
                 group.launch(0, **sidecar(placements[1], consumer, resilience),
                              extra=[*dynamo.LEADER_ARGS, *tokenizer_args])]  # fmt: skip
+    # The follower is launch_server itself, as in production: SGLang's blocking follower
+    # branch, so how the node ends when a scheduler dies or SIGTERM comes is part of the rows.
     (follower, leader), launched = start(
-        stack, workdir, launches, names, "two nodes, TP 2 / attention DP 2, Dynamo sidecars"
-    )
+        stack, workdir, launches, names, "two nodes, TP 2 / attention DP 2, Dynamo sidecars",
+        roles=[BLOCKING_FOLLOWER, None],
+    )  # fmt: skip
     start_beside(stack, workdir, consumer, placements, names)
     router = router_on(stack, leader, workdir, consumer)
     frontend = frontend_on(stack, leader, workdir, consumer, resilience)

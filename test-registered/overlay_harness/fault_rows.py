@@ -18,8 +18,11 @@ import dataclasses
 import os
 import re
 import signal
+import threading
 import time
 from pathlib import Path
+
+from sglang_sidecar_overlay.sidecar import proctree
 
 from overlay_harness import dynamo, kv_events, load, nodes, seed_checks
 from overlay_harness.deployments import Deployment
@@ -96,9 +99,18 @@ def _parent(pid: int) -> int | None:
     return None
 
 
+def node_pids(node: nodes.Node) -> list[int]:
+    """Every live process of ``node``: those carrying its tag, and the members of its process
+    group (SGLang's titled processes, a scheduler or the DP controller, overwrite the
+    environment the tag is in: ``setproctitle``)."""
+    table = proctree.process_table()
+    members = {pid for pid, _start in proctree.group_members(node.proc.pid, table)}
+    return sorted(members | set(nodes.pids_with_tag(node.tag)))
+
+
 def sidecar_pids(node: nodes.Node) -> list[int]:
     """Live processes of the node's Dynamo sidecar (the supervisor's shim and its provider)."""
-    return [pid for pid in nodes.pids_with_tag(node.tag) if SIDECAR_MARKER in _cmdline(pid)]
+    return [pid for pid in node_pids(node) if SIDECAR_MARKER in _cmdline(pid)]
 
 
 # Stock SGLang's --sidecar: a multiprocessing child running the provider's main, logged so.
@@ -113,7 +125,7 @@ def provider_pid(node: nodes.Node) -> int | None:
     if supervised is not None:
         return supervised
     logged = [int(pid) for pid in STOCK_SIDECAR_STARTED.findall(node.log_text())]
-    return logged[-1] if logged and logged[-1] in nodes.pids_with_tag(node.tag) else None
+    return logged[-1] if logged and logged[-1] in node_pids(node) else None
 
 
 def kill_provider(node: nodes.Node) -> tuple[float, int]:
@@ -214,7 +226,7 @@ def follower_relay_killed(deployment: Deployment, column: str, *, restarts: bool
             cell.expect(again.passed == again.requests, f"rank 1 targeted: {again.failures[:3]}")
         else:
             gone = cell.recovery["group gone"] = gone_within(deployment.nodes, fault_at)
-            cell.left = sum(len(nodes.pids_with_tag(node.tag)) for node in deployment.nodes)
+            cell.left = sum(len(node_pids(node)) for node in deployment.nodes)
             cell.expect(gone is not None and gone <= GROUP_GONE, f"group gone {_seconds(gone)}")
     if restarts:
         cell.expect(cell.failed == 0, f"{cell.failed} failed: {cell.first_error}")
@@ -226,7 +238,7 @@ def gone_within(group: list[nodes.Node], since: float,
                 seconds: float = RECOVERY_DEADLINE) -> float | None:  # fmt: skip
     """Seconds from ``since`` until no process of ``group`` is left; None past ``seconds``."""
     with contextlib.suppress(AssertionError):
-        nodes.wait_for(lambda: not any(nodes.pids_with_tag(n.tag) for n in group), seconds, "")
+        nodes.wait_for(lambda: not any(node_pids(n) for n in group), seconds, "")
         return time.monotonic() - since
     return None
 
@@ -246,9 +258,8 @@ def serving_sidecar_killed(deployment: Deployment, column: str) -> Cell:
         cell.recovery["engine back in the router"] = back
         if fresh is not None:
             cell.recovery["rank 0 scored"] = scored_again(deployment, (fresh, 0), fault_at)
-    workers = {worker for worker, _ in before}
-    others = workers & {worker for worker, _ in _targets(deployment)}
-    cell.notes.append(f"workers before {sorted(workers)}, new {fresh}")
+    others = {worker for worker, _ in before} - node_workers(engine)
+    cell.notes.append(f"the engine's worker {sorted(node_workers(engine) - {fresh})}, then {fresh}")
     cell.notes.append(f"{migrations(deployment)} requests migrated (the frontend's log)")
     measured = flow.measured()
     cell.recovery["served by the engine"] = measured.first_served_after(fault_at, {fresh})
@@ -315,11 +326,11 @@ def group_stopped(deployment: Deployment, column: str, grace: float = GRACE) -> 
             os.kill(node.proc.pid, signal.SIGTERM)
         flow.stop_sending()  # the group goes: the requests in flight are the row's
         gone = cell.recovery["every process gone"] = gone_within(deployment.nodes, fault_at, grace)
-        cell.left = sum(len(nodes.pids_with_tag(node.tag)) for node in deployment.nodes)
+        cell.left = sum(len(node_pids(node)) for node in deployment.nodes)
         for node in deployment.nodes:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(node.proc.pid, signal.SIGKILL)
-            for pid in nodes.pids_with_tag(node.tag):
+            for pid in node_pids(node):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
     codes = {node.name: node.proc.wait(timeout=30) for node in deployment.nodes}
@@ -373,3 +384,110 @@ def stop_order(node: nodes.Node) -> str:
     if told < 0:
         return "sidecar stopped without a SIGTERM from the node"
     return STOPPED_FIRST
+
+
+SCHEDULER_COMM = b"sglang::schedul"  # SGLang's title for a scheduler, cut to comm's 15 bytes
+
+
+def scheduler_pid(node: nodes.Node) -> int | None:
+    """One of ``node``'s scheduler processes (its first by pid)."""
+    found = []
+    for pid in node_pids(node):
+        with contextlib.suppress(OSError):
+            if Path(f"/proc/{pid}/comm").read_bytes().strip() == SCHEDULER_COMM:
+                found.append(pid)
+    return min(found) if found else None
+
+
+def scheduler_killed(deployment: Deployment, column: str, *, node_index: int) -> Cell:
+    """Row d: one scheduler of ``deployment.nodes[node_index]`` SIGKILLed while it serves.
+    On deployment 2 (the follower's) the group fails stop as in row b: gone within
+    ``GROUP_GONE`` seconds, every request in flight ended. On deployment 1 (one engine's, the
+    frontend migrating) no request fails and the other engine serves on, the engine whose
+    scheduler died gone within ``GROUP_GONE`` seconds."""
+    node = deployment.nodes[node_index]
+    group = deployment.nodes if node.node_rank > 0 else [node]
+    single_engine = len(group) == 1
+    cell = Cell("d1" if single_engine else "d2", column, "a scheduler SIGKILLed while serving")
+    with loaded(deployment, cell, serves_after=single_engine) as flow:
+        before = _targets(deployment)  # the load is warm: every worker is registered
+        pid = nodes.wait_for(lambda: scheduler_pid(node), RECOVERY_DEADLINE, "a scheduler")
+        os.kill(pid, signal.SIGKILL)
+        fault_at = time.monotonic()
+        if not single_engine:
+            flow.stop_sending()  # the group goes: the requests in flight are the row's
+        gone = cell.recovery["failed part gone"] = gone_within(group, fault_at)
+        cell.left = sum(len(node_pids(n)) for n in group)
+    cell.notes.append(f"exit codes { {n.name: n.proc.poll() for n in group} }")
+    cell.expect(gone is not None and gone <= GROUP_GONE, f"failed part gone {_seconds(gone)}")
+    cell.expect(cell.hung == 0, f"{cell.hung} hung")
+    if single_engine:
+        others = {w for w, _ in before} - node_workers(node)
+        served = cell.recovery["served by the other engine"] = flow.measured().first_served_after(
+            fault_at, others
+        )
+        cell.notes.append(f"{migrations(deployment)} requests migrated (the frontend's log)")
+        cell.expect(cell.failed == 0, f"{cell.failed} failed: {cell.first_error}")
+        cell.expect(served is not None, "the other engine served nothing after the fault")
+    return cell
+
+
+# What Dynamo's leader sidecar logs once it registered the node's engine as a worker.
+WORKER_REGISTERED = re.compile(r"Initializing KvEventPublisher for worker (\d+)")
+
+
+def node_workers(node: nodes.Node) -> set[int]:
+    """Every Dynamo worker id ``node``'s engine was registered under (a restarted sidecar
+    registers a new one), by the node's log."""
+    return {int(worker) for worker in WORKER_REGISTERED.findall(node.log_text())}
+
+
+# Row g: how long the oracle router stays stopped, the load's window before it, and how soon
+# after the resume its scores must be right again.
+STALL = 10.0
+SCORES_RIGHT_AGAIN = 10.0
+THROUGHPUT_KEPT = 0.9
+ENGINE_ERROR = re.compile(r"Traceback|Scheduler hit an exception|SIGQUIT received")
+
+
+def consumer_stalled(deployment: Deployment, column: str) -> Cell:
+    """Row g (deployment 1): Dynamo's standalone router, a KV-event subscriber off the request
+    path, SIGSTOPped for ``STALL`` seconds while the load runs, then resumed. The engines'
+    generated tokens per second during the stall stay at least ``THROUGHPUT_KEPT`` of the
+    window before it; a prompt pinned during the stall is scored on its target within
+    ``SCORES_RIGHT_AGAIN`` seconds of the resume; no engine logs an error."""
+    cell = Cell("g", column, f"the standalone router SIGSTOPped for {STALL:.0f} s")
+    targets = seed_checks.registered_targets(deployment.router, deployment.targets)
+    router = deployment.router
+    logged = {node.name: len(node.log_text()) for node in deployment.nodes}
+    with loaded(deployment, cell) as flow:
+        flow.wait_served(WARM_REQUESTS, WARM_DEADLINE, since=time.monotonic())
+        stopped_at = time.monotonic()
+        os.killpg(router.proc.pid, signal.SIGSTOP)
+        try:
+            prompt = kv_events.prompt(seed_checks.INPUT_TOKENS)
+            (reply,) = deployment.frontend.generate_many([prompt], 1, 1, dynamo.pin(targets[0]))
+            threading.Event().wait(max(STALL - (time.monotonic() - stopped_at), 0.0))
+        finally:
+            os.killpg(router.proc.pid, signal.SIGCONT)
+        resumed_at = time.monotonic()
+        right = seed_checks.events_seen(router, prompt, (targets[0],), targets,
+                                        SCORES_RIGHT_AGAIN) is None  # fmt: skip
+        cell.recovery["scores right after the resume"] = (
+            time.monotonic() - resumed_at if right else None
+        )
+    measured = flow.measured()
+    before = measured.token_rate(stopped_at - STALL, stopped_at)
+    during = measured.token_rate(stopped_at, resumed_at)
+    ratio = during / before if before else 0.0
+    cell.notes.append(f"tokens/s before {before:.1f}, during the stall {during:.1f} ({ratio:.2f}×)")
+    errors = [f"{node.name}: {line.strip()[:160]}" for node in deployment.nodes
+              for line in node.log_text()[logged[node.name]:].splitlines()
+              if ENGINE_ERROR.search(line)]  # fmt: skip
+    cell.notes.append(f"pinned during the stall: {'error' not in reply}")
+    cell.expect(ratio >= THROUGHPUT_KEPT, f"throughput during the stall {ratio:.2f}× before")
+    cell.expect(right, f"scores not right within {SCORES_RIGHT_AGAIN:.0f} s of the resume")
+    cell.expect(not errors, f"engine errors: {errors[:2]}")
+    cell.expect(cell.failed == 0, f"{cell.failed} failed: {cell.first_error}")
+    cell.expect(cell.hung == 0, f"{cell.hung} hung")
+    return cell

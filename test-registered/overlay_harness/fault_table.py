@@ -5,9 +5,9 @@ the fault injected under a steady load through Dynamo's frontend
 a large topology: they never start side by side).
 
 Run inside one SGLang env, as ``python -m overlay_harness.fault_table --column COLUMN --out
-FILE [--rows a,b,c,f] [--keep-logs DIR]``; the column is what the env and its environment are
-(``overlay_harness.validation``'s columns). Nothing here asserts: ``scripts/faults.py``
-compares the overlay's cells with their goals.
+FILE [--rows a,b,c,d1,d2,f,g] [--keep-logs DIR]``; the column is what the env and its
+environment are (``overlay_harness.validation``'s columns). Nothing here asserts:
+``scripts/faults.py`` compares the overlay's cells with their goals.
 """
 
 from __future__ import annotations
@@ -15,19 +15,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import json
-import shutil
 import sys
-import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 
-from sglang_sidecar_overlay import releases
-
 from overlay_harness import deployments, fault_rows, gate
 from overlay_harness.deployments import Deployment, Resilience
-from overlay_harness.validation import COLUMNS, failure_lines
+from overlay_harness.validation import COLUMNS, failure_lines, record_rows
 
 RowFunction = Callable[[Deployment, str], fault_rows.Cell]
 MIGRATION_LIMIT = 3
@@ -54,7 +48,12 @@ ROWS: dict[str, Row] = {
     "b": Row(2, Resilience(), lambda d, c: fault_rows.follower_relay_killed(d, c, restarts=False),
              NO_FOLLOWER_SIDECAR),
     "c": Row(1, Resilience("on-failure", MIGRATION_LIMIT), fault_rows.serving_sidecar_killed),
+    "d1": Row(1, Resilience("on-failure", MIGRATION_LIMIT),
+              lambda d, c: fault_rows.scheduler_killed(d, c, node_index=0)),
+    "d2": Row(2, Resilience("on-failure"),
+              lambda d, c: fault_rows.scheduler_killed(d, c, node_index=1)),
     "f": Row(2, Resilience("on-failure"), fault_rows.group_stopped),
+    "g": Row(1, Resilience(), fault_rows.consumer_stalled),
 }  # fmt: skip
 
 
@@ -84,20 +83,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", default=",".join(ROWS))
     parser.add_argument("--keep-logs", type=Path, help="copy each row's logs here")
     args = parser.parse_args(argv)
-    release = releases.installed_sglang_version()
-    for name in args.rows.split(","):
-        with tempfile.TemporaryDirectory(prefix=f"overlay-faults-{name}-") as tmp:
-            started = time.monotonic()
-            cell = run_row(name, args.column, Path(tmp))
-            if args.keep_logs is not None:
-                shutil.copytree(tmp, args.keep_logs / f"{args.column}-row-{name}",
-                                ignore=shutil.ignore_patterns("home", "discovery-*", "tokenizer"),
-                                dirs_exist_ok=True)  # fmt: skip
-        record = {**dataclasses.asdict(cell), "release": release,
-                  "seconds": round(time.monotonic() - started)}  # fmt: skip
-        with args.out.open("a") as out:
-            out.write(json.dumps(record) + "\n")
-        sys.stderr.write(f"faults: {json.dumps(record)}\n")
+    record_rows(args.rows.split(","), lambda name, workdir: run_row(name, args.column, workdir),
+                args.out, args.keep_logs, f"{args.column}-row-", "faults")  # fmt: skip
     return 0
 
 

@@ -131,10 +131,18 @@ class Measured:
                 and (workers is None or r.get("worker") in workers)]  # fmt: skip
         return min(ends) - moment if ends else None
 
-    def throughput(self, begin: float, end: float) -> float:
-        """Requests served per second that ended within [begin, end)."""
-        served = sum("error" not in r and begin <= r["ended"] < end for r in self.records)
-        return served / (end - begin)
+    def token_rate(self, begin: float, end: float) -> float:
+        """Generated tokens per second within [begin, end), each served request's tokens
+        spread evenly over its life (so a window is not judged by which requests happened to
+        end inside it)."""
+        tokens = 0.0
+        for record in self.records:
+            if "error" in record:
+                continue
+            life = max(record["ended"] - record["sent"], 1e-9)
+            overlap = min(record["ended"], end) - max(record["sent"], begin)
+            tokens += OUTPUT_TOKENS * max(overlap, 0.0) / life
+        return tokens / (end - begin)
 
     def summary(self) -> str:
         return (f"{self.sent} sent, {self.succeeded} served, {len(self.failed)} failed "

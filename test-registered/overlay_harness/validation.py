@@ -32,7 +32,9 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from sglang_sidecar_overlay import releases
 
@@ -236,23 +238,34 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep-logs", type=Path, help="copy each row's logs here")
     parser.add_argument("--consumer", help="a next Dynamo version in front (default: the released)")
     args = parser.parse_args(argv)
-    release = releases.installed_sglang_version()
     consumer = dynamo.consumer(args.consumer)
     logs_name = args.column if consumer.supervised else f"{args.column}-dynamo-{consumer.version}"
-    for row in [int(r) for r in args.rows.split(",")]:
-        with tempfile.TemporaryDirectory(prefix=f"overlay-validate-{row}-") as tmp:
+    rows = [int(r) for r in args.rows.split(",")]
+    record_rows(rows, lambda row, workdir: run_row(row, args.column, workdir, consumer),
+                args.out, args.keep_logs, f"{logs_name}-row", "validation")  # fmt: skip
+    return 0
+
+
+def record_rows(rows: list, run: Callable[[Any, Path], Any], out_path: Path,
+                keep_logs: Path | None, logs_prefix: str, what: str) -> None:  # fmt: skip
+    """Each of ``rows`` run by ``run(row, workdir)`` in a fresh working directory, one after
+    another; its cell (a dataclass) with the release and its seconds appended to ``out_path``
+    as a JSON line and echoed on stderr after ``what``, and its logs copied under
+    ``keep_logs`` (as ``{logs_prefix}{row}``) when given."""
+    release = releases.installed_sglang_version()
+    for row in rows:
+        with tempfile.TemporaryDirectory(prefix=f"overlay-{what}-{row}-") as tmp:
             started = time.monotonic()
-            cell = run_row(row, args.column, Path(tmp), consumer)
-            if args.keep_logs is not None:
-                shutil.copytree(tmp, args.keep_logs / f"{logs_name}-row{row}",
+            cell = run(row, Path(tmp))
+            if keep_logs is not None:
+                shutil.copytree(tmp, keep_logs / f"{logs_prefix}{row}",
                                 ignore=shutil.ignore_patterns("home", "discovery-*", "tokenizer"),
                                 dirs_exist_ok=True)  # fmt: skip
         record = {**dataclasses.asdict(cell), "release": release,
                   "seconds": round(time.monotonic() - started)}  # fmt: skip
-        with args.out.open("a") as out:
+        with out_path.open("a") as out:
             out.write(json.dumps(record) + "\n")
-        sys.stderr.write(f"validation: {json.dumps(record)}\n")
-    return 0
+        sys.stderr.write(f"{what}: {json.dumps(record)}\n")
 
 
 if __name__ == "__main__":

@@ -65,3 +65,12 @@ def test_the_doc_region_is_replaced_and_markers_are_required(
     doc.write_text("no markers\n")
     with pytest.raises(SystemExit, match="lacks the markers"):
         faults.write_doc("x")
+
+
+def test_a_run_of_some_rows_keeps_the_other_cells(tmp_path: Path) -> None:
+    saved = tmp_path / "logs" / faults.CELLS
+    faults.merge_cells(saved, {("a", "overlay"): cell(), ("c", "overlay"): cell(row="c")})
+    merged = faults.merge_cells(saved, {("c", "overlay"): cell(row="c", failed=1)})
+    assert sorted(merged) == [("a", "overlay"), ("c", "overlay")]
+    assert merged[("c", "overlay")]["failed"] == 1
+    assert faults.merge_cells(saved, {}) == merged

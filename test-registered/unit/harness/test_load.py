@@ -116,3 +116,15 @@ def test_errors_are_counted_with_the_first_one_named() -> None:
     assert measured.failed and measured.hung == 0
     assert measured.first_error.startswith("503"), measured.first_error
     assert all(r["sent"] < switched for r in measured.records if "error" not in r)
+
+
+def test_a_windows_token_rate_spreads_each_request_over_its_life() -> None:
+    tokens = load.OUTPUT_TOKENS
+    records = [{"sent": 0.0, "ended": 4.0, "worker": WORKER, "rank": 0},
+               {"sent": 2.0, "ended": 6.0, "worker": WORKER, "rank": 0},
+               {"sent": 1.0, "ended": 3.0, "error": "503"}]  # fmt: skip
+    measured = load.Measured(records, BOUND)
+    # [0, 4): all of the first request, half of the second; the failed one counts nothing.
+    assert measured.token_rate(0.0, 4.0) == (tokens + tokens / 2) / 4
+    assert measured.token_rate(6.0, 8.0) == 0.0
+    assert measured.succeeded == 2 and measured.first_error == "503"
