@@ -94,12 +94,15 @@ def cell_text(cell: dict) -> str:
     return "<br>".join(str(part).replace("|", "/").replace("\n", " ") for part in parts)
 
 
+NOT_RUN = "not run yet"
+
+
 def table(cells: dict[tuple[str, str], dict], columns: list[str], rows: list[str]) -> str:
     header = ["fault", *columns]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in rows:
-        lines.append("| " + " | ".join([FAULTS[row], *(cell_text(cells[(row, c)])
-                                                          for c in columns)]) + " |")  # fmt: skip
+        texts = [cell_text(cells[(row, c)]) if (row, c) in cells else NOT_RUN for c in columns]
+        lines.append("| " + " | ".join([FAULTS[row], *texts]) + " |")
     return "\n".join(lines)
 
 

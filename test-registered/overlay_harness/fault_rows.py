@@ -92,13 +92,6 @@ def _cmdline(pid: int) -> bytes:
     return b""
 
 
-def _parent(pid: int) -> int | None:
-    with contextlib.suppress(OSError, IndexError, ValueError):
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        return int(stat.rsplit(")", 1)[1].split()[1])
-    return None
-
-
 def node_pids(node: nodes.Node) -> list[int]:
     """Every live process of ``node``: those carrying its tag, and the members of its process
     group (SGLang's titled processes, a scheduler or the DP controller, overwrite the
@@ -106,6 +99,11 @@ def node_pids(node: nodes.Node) -> list[int]:
     table = proctree.process_table()
     members = {pid for pid, _start in proctree.group_members(node.proc.pid, table)}
     return sorted(members | set(nodes.pids_with_tag(node.tag)))
+
+
+def _parent(pid: int) -> int | None:
+    stat = proctree.read_stat(pid)
+    return stat.ppid if stat is not None else None
 
 
 def sidecar_pids(node: nodes.Node) -> list[int]:
@@ -177,9 +175,8 @@ def scored_again(deployment: Deployment, target: seed_checks.Target,
 def routed_again(deployment: Deployment, target: seed_checks.Target) -> seed_checks.Targeted:
     """The targeted requests of ``target`` alone (two pinned, seven unpinned repeats that must
     find its cache there), after a recovery."""
-    targets = list(deployment.router.target_scores(kv_events.prompt()))
-    return seed_checks.targeted(deployment.frontend, deployment.router,
-                                seed_checks.aggregated_pins([target]), targets)  # fmt: skip
+    pins = seed_checks.aggregated_pins([target])
+    return seed_checks.targeted(deployment.frontend, deployment.router, pins, _targets(deployment))
 
 
 # --- rows ------------------------------------------------------------------------------------
@@ -213,8 +210,6 @@ def follower_relay_killed(deployment: Deployment, column: str, *, restarts: bool
     rank1 = next(target for target in targets if target[1] == 1)
     with loaded(deployment, cell, serves_after=restarts) as flow:
         fault_at, old = kill_provider(follower)
-        if not restarts:  # the group goes: the requests in flight are the row's
-            flow.stop_sending()
         if restarts:
             back = cell.recovery["relay back"] = provider_back(follower, old, fault_at)
             scored = cell.recovery["rank 1 scored"] = scored_again(deployment, rank1, fault_at)
@@ -225,6 +220,7 @@ def follower_relay_killed(deployment: Deployment, column: str, *, restarts: bool
             cell.expect(scored is not None, "rank 1's new blocks never scored")
             cell.expect(again.passed == again.requests, f"rank 1 targeted: {again.failures[:3]}")
         else:
+            flow.stop_sending()  # the group goes: the requests in flight are the row's
             gone = cell.recovery["group gone"] = gone_within(deployment.nodes, fault_at)
             cell.left = sum(len(node_pids(node)) for node in deployment.nodes)
             cell.expect(gone is not None and gone <= GROUP_GONE, f"group gone {_seconds(gone)}")
@@ -452,22 +448,26 @@ ENGINE_ERROR = re.compile(r"Traceback|Scheduler hit an exception|SIGQUIT receive
 
 def consumer_stalled(deployment: Deployment, column: str) -> Cell:
     """Row g (deployment 1): Dynamo's standalone router, a KV-event subscriber off the request
-    path, SIGSTOPped for ``STALL`` seconds while the load runs, then resumed. The engines'
-    generated tokens per second during the stall stay at least ``THROUGHPUT_KEPT`` of the
-    window before it; a prompt pinned during the stall is scored on its target within
-    ``SCORES_RIGHT_AGAIN`` seconds of the resume; no engine logs an error."""
+    path, SIGSTOPped while the load runs, then resumed. The engines' generated tokens per
+    second over the stall's first ``STALL`` seconds stay at least ``THROUGHPUT_KEPT`` of the
+    ``STALL`` seconds before it; a prompt pinned at the end of the stall is scored on its
+    target within ``SCORES_RIGHT_AGAIN`` seconds of the resume; no engine logs an error."""
     cell = Cell("g", column, f"the standalone router SIGSTOPped for {STALL:.0f} s")
     targets = seed_checks.registered_targets(deployment.router, deployment.targets)
     router = deployment.router
     logged = {node.name: len(node.log_text()) for node in deployment.nodes}
     with loaded(deployment, cell) as flow:
-        flow.wait_served(WARM_REQUESTS, WARM_DEADLINE, since=time.monotonic())
+        # A whole window of steady load before the stop, to compare the stall with.
+        threading.Event().wait(max(flow.started + STALL - time.monotonic(), 0.0))
         stopped_at = time.monotonic()
         os.killpg(router.proc.pid, signal.SIGSTOP)
         try:
+            # The window measured is the load alone; the probe (its own process, its own
+            # request) comes after it, still within the stall.
+            threading.Event().wait(STALL)
+            window_end = time.monotonic()
             prompt = kv_events.prompt(seed_checks.INPUT_TOKENS)
             (reply,) = deployment.frontend.generate_many([prompt], 1, 1, dynamo.pin(targets[0]))
-            threading.Event().wait(max(STALL - (time.monotonic() - stopped_at), 0.0))
         finally:
             os.killpg(router.proc.pid, signal.SIGCONT)
         resumed_at = time.monotonic()
@@ -478,7 +478,7 @@ def consumer_stalled(deployment: Deployment, column: str) -> Cell:
         )
     measured = flow.measured()
     before = measured.token_rate(stopped_at - STALL, stopped_at)
-    during = measured.token_rate(stopped_at, resumed_at)
+    during = measured.token_rate(stopped_at, window_end)
     ratio = during / before if before else 0.0
     cell.notes.append(f"tokens/s before {before:.1f}, during the stall {during:.1f} ({ratio:.2f}×)")
     errors = [f"{node.name}: {line.strip()[:160]}" for node in deployment.nodes

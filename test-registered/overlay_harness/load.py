@@ -155,6 +155,7 @@ class Load:
 
     def __init__(self, frontend, *, concurrency: int = CONCURRENCY, bound: float = HANG_BOUND):
         self.bound = bound
+        self.started = time.monotonic()
         self.records: list[dict] = []
         self.finished = threading.Event()
         self.stream = inside.Stream(frontend.host, steady_completions, frontend.port,

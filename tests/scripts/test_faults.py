@@ -74,3 +74,8 @@ def test_a_run_of_some_rows_keeps_the_other_cells(tmp_path: Path) -> None:
     assert sorted(merged) == [("a", "overlay"), ("c", "overlay")]
     assert merged[("c", "overlay")]["failed"] == 1
     assert faults.merge_cells(saved, {}) == merged
+
+
+def test_a_cell_no_run_has_made_yet_says_so() -> None:
+    lines = faults.table({("a", "overlay"): cell()}, ["stock", "overlay"], ["a"]).splitlines()
+    assert lines[2].split(" | ")[1] == faults.NOT_RUN
