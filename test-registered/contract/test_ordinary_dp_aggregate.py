@@ -28,7 +28,12 @@ runs in every column.
    on-failure`` and the frontend's ``--migration-limit``: no request fails or hangs, the
    restarted sidecar's engine is back in the router's view within 10 s with its ranks scored,
    and serves again (row f, the orchestrator's stop, ends deployment 4's test, whose groups
-   have followers).
+   have followers);
+4. a DP scheduler SIGKILLed (the second engine's, after row c): SGLang's watchdog watches the
+   engine process's children, and these schedulers are the DP controller's, so stock SGLang
+   keeps the engine up with the dead rank's requests waiting for ever (``docs/faults.md``, row
+   d); the overlay's watchdog fails the engine stop within 10 s, so a router moves its
+   requests (the row under load is ``make faults``').
 
 The two engines take about as much memory as a prefill and a decode engine, so the class holds
 the machine's large-topology gate (``overlay_harness.gate``) from its first node's start to its
@@ -36,10 +41,13 @@ last one's stop.
 """
 
 import contextlib
+import os
+import signal
+import time
 import unittest
 
 import pytest
-from overlay_harness import deployments, fault_rows, gate, seed_checks
+from overlay_harness import deployments, fault_rows, gate, nodes, seed_checks
 from overlay_harness.checks import NodeInfoChecks
 from overlay_harness.testcase import DeploymentTestCase
 from sglang.test.ci.ci_register import register_cpu_ci
@@ -84,6 +92,18 @@ class TestOrdinaryDPAggregate(DeploymentTestCase, NodeInfoChecks):
 
     def test_3_a_killed_serving_sidecar_restarts_under_load_with_no_failed_request(self):
         self.assert_fault_row(fault_rows.serving_sidecar_killed(self.deployment, "overlay"))
+
+    def test_4_a_killed_dp_scheduler_fails_its_engine_stop(self):
+        engine = self.engines[1]
+        pid = nodes.wait_for(lambda: fault_rows.scheduler_pid(engine), 30.0, "a scheduler")
+        os.kill(pid, signal.SIGKILL)
+        gone = fault_rows.gone_within([engine], time.monotonic(), fault_rows.GROUP_GONE)
+        self.assertIsNotNone(
+            gone,
+            f"{engine.name}: processes {fault_rows.node_pids(engine)} left "
+            f"{fault_rows.GROUP_GONE} s after its scheduler {pid} was SIGKILLed",
+        )
+        self.assertIn(f"process {pid} (sglang::schedul", engine.log_text())
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from sglang_sidecar_overlay.adapters import _scheduler_watch
 from sglang_sidecar_overlay.adapters._disagg_dp_rank import prefill_node
 from sglang_sidecar_overlay.adapters._hooks import (
     Hook,
@@ -182,6 +183,7 @@ def launch_hook(adapter: Adapter) -> Callable[..., tuple[Any, Any]]:
                 channel.remove()
             raise
         launch.record_schedulers(init_result, procs)
+        _scheduler_watch.watch_spawned_schedulers(launch)
         adapter.after_spawn(launch, server_args, channel)
         return init_result, procs
 

@@ -29,8 +29,6 @@ its SIGTERM and grace period first and its death is never mistaken for a crash.
 from __future__ import annotations
 
 import logging
-import os
-import signal
 import threading
 import time
 from typing import TYPE_CHECKING, Any
@@ -43,6 +41,7 @@ from sglang_sidecar_overlay.adapters._node_launch import (
     RunningSidecars,
     current_launch,
 )
+from sglang_sidecar_overlay.sidecar.grandchild_watchdog import fail_stop_node
 from sglang_sidecar_overlay.sidecar.supervisor import (
     SidecarOptions,
     SidecarSupervisor,
@@ -56,12 +55,6 @@ logger = logging.getLogger(__name__)
 
 START_SIDECAR = "sglang.srt.entrypoints.sidecar.start_sidecar"
 SIGTERM_HANDLER = "sglang.srt.managers.tokenizer_manager.SignalHandler.sigterm_handler"
-
-
-def quit_server(description: str) -> None:
-    """``on_fatal``: what upstream's SubprocessWatchdog does when a child crashes."""
-    logger.error("%s; triggering SIGQUIT to bring the server down", description)
-    os.kill(os.getpid(), signal.SIGQUIT)
 
 
 class NodeSidecar:
@@ -139,7 +132,7 @@ def _node_sidecar(launch: NodeLaunch, host: str, port: int, role: str) -> NodeSi
         build_sidecar_endpoint(host, port),
         launch.provider_args,
         launch.sidecar_options or SidecarOptions(),
-        on_fatal=quit_server,
+        on_fatal=fail_stop_node,
     )
     return NodeSidecar(supervisor, role, launch.sidecars)
 
