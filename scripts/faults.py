@@ -14,7 +14,8 @@ validate`` uses:
 
 Exit status 0 when every overlay cell meets its row's goal (``docs/faults.md``).
 
-    scripts/faults.py --wheel-dir dist [--columns stock,overlay] [--rows a,b,c,d1,d2,f,g] [--no-doc]
+    scripts/faults.py --wheel-dir dist [--columns stock,overlay] [--rows a,b,c,d1,d2,e,f,g,h]
+                      [--no-doc]
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from validate import RELEASE, column_session, machine, versions
 
 COLUMNS = ("stock", "overlay", "rebuilt")
 DEFAULT_COLUMNS = ("stock", "overlay")
-ROWS = ("a", "b", "c", "d1", "d2", "f", "g")
+ROWS = ("a", "b", "c", "d1", "d2", "e", "f", "g", "h")
 # Whose cells must meet the row's goal; the others are reported beside them.
 JUDGED = ("overlay", "rebuilt")
 DOC = ROOT / "docs" / "faults.md"
@@ -47,9 +48,13 @@ FAULTS = {
     "d1": "d. a scheduler SIGKILLed while it serves: one engine's, the frontend's "
     "`--migration-limit 3` (deployment 1)",
     "d2": "d. a scheduler SIGKILLed while it serves: the follower's (deployment 2)",
+    "e": "e. the orchestrator relaunches the whole group: every node stopped (SIGTERM), then "
+    "started again (deployment 2)",
     "f": "f. SIGTERM to every node with requests in flight, SIGKILL after 30 s (deployment 2)",
     "g": "g. Dynamo's standalone router (a KV-event subscriber off the request path) "
-    "SIGSTOPped for 10 s, then resumed (deployment 1)",
+    "SIGSTOPped for 3 s, then for 10 s, each time resumed (deployment 1)",
+    "h": "h. a decode engine SIGKILLed with KV transfers in flight, then relaunched; the "
+    "frontend's `--migration-limit 3` (deployment 3)",
 }
 
 

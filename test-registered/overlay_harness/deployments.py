@@ -38,7 +38,7 @@ BLOCKING_FOLLOWER = "blocking-follower"  # node_process's role for launch_server
 class Deployment:
     """A launched deployment: its nodes, Dynamo's frontend and the oracle router(s), the
     (worker, DP rank) targets it should have, and, disaggregated, its prefill and decode nodes
-    (the prefill engines' leaders serve ``/metrics``)."""
+    (the prefill engines' leaders serve ``/metrics``), and how to start its nodes again."""
 
     nodes: list[nodes.Node]
     launch: str
@@ -48,10 +48,23 @@ class Deployment:
     prefill: list[nodes.Node] = dataclasses.field(default_factory=list)
     decode: list[nodes.Node] = dataclasses.field(default_factory=list)
     metered: list[nodes.Node] = dataclasses.field(default_factory=list)
+    start_again: Callable[[list[nodes.Node]], list[nodes.Node]] | None = None
 
     @property
     def disaggregated(self) -> bool:
         return bool(self.prefill)
+
+    def relaunch(self, old: list[nodes.Node]) -> list[nodes.Node]:
+        """``old``'s nodes (whose processes are gone) started again from their launches, as an
+        orchestrator relaunches them: same hosts and ports, each ready, stopped with the rest
+        of the deployment; they take the old ones' places in every list here."""
+        if self.start_again is None:
+            raise RuntimeError(f"deployment {self.launch!r} cannot start its nodes again")
+        new = self.start_again(old)
+        replaced = dict(zip((id(node) for node in old), new, strict=True))
+        for nodes_list in (self.nodes, self.prefill, self.decode, self.metered):
+            nodes_list[:] = [replaced.get(id(node), node) for node in nodes_list]
+        return new
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,6 +132,20 @@ def start(stack: contextlib.ExitStack, workdir: Path, launches: list, names: lis
         else:
             node.expect_ready()
     return started, checks.report_launch(topology, started, began)
+
+
+def starting_again(stack: contextlib.ExitStack, workdir: Path,
+                   topology: str) -> Callable[[list[nodes.Node]], list[nodes.Node]]:  # fmt: skip
+    """A deployment's ``start_again``: nodes started again from their launches, names and
+    roles (their networks stay held by the old nodes until ``stack`` closes)."""
+
+    def start_again(old: list[nodes.Node]) -> list[nodes.Node]:
+        started, _ = start(stack, workdir, [node.launch for node in old],
+                           [node.name for node in old], topology,
+                           roles=[node.role for node in old])  # fmt: skip
+        return started
+
+    return start_again
 
 
 def start_beside(
@@ -205,18 +232,20 @@ def attention_dp_aggregate(
                              extra=[*dynamo.LEADER_ARGS, *tokenizer_args])]  # fmt: skip
     # The follower is launch_server itself, as in production: SGLang's blocking follower
     # branch, so how the node ends when a scheduler dies or SIGTERM comes is part of the rows.
+    topology = "two nodes, TP 2 / attention DP 2, Dynamo sidecars"
     (follower, leader), launched = start(
-        stack, workdir, launches, names, "two nodes, TP 2 / attention DP 2, Dynamo sidecars",
-        roles=[BLOCKING_FOLLOWER, None],
+        stack, workdir, launches, names, topology, roles=[BLOCKING_FOLLOWER, None],
     )  # fmt: skip
     start_beside(stack, workdir, consumer, placements, names)
     router = router_on(stack, leader, workdir, consumer)
     frontend = frontend_on(stack, leader, workdir, consumer, resilience)
-    return Deployment([leader, follower], launched, frontend, router, 2)
+    return Deployment([leader, follower], launched, frontend, router, 2,
+                      start_again=starting_again(stack, workdir, topology))  # fmt: skip
 
 
 def disaggregated(stack: contextlib.ExitStack, workdir: Path, consumer: dynamo.Consumer, *,
-                  engines: int, nnodes: int, parallel: list[str]) -> Deployment:  # fmt: skip
+                  engines: int, nnodes: int, parallel: list[str],
+                  resilience: Resilience = DEFAULTS) -> Deployment:  # fmt: skip
     """``engines`` prefill and as many decode engines of ``nnodes`` nodes each, every node its
     own host, moving real KV pages (``overlay_harness.pd``); the oracle routers start before
     the workers register (``docs/dynamo.md``, "Disaggregated workers")."""
@@ -242,7 +271,8 @@ def disaggregated(stack: contextlib.ExitStack, workdir: Path, consumer: dynamo.C
             for node_rank in reversed(range(nnodes)):  # followers first
                 leader_args = dynamo.LEADER_ARGS if node_rank == 0 else []
                 placements.append(Placed(group, node_rank, kind))
-                launches.append(group.launch(node_rank, **sidecar(placements[-1], consumer),
+                launches.append(group.launch(node_rank,
+                                             **sidecar(placements[-1], consumer, resilience),
                                              extra=[*extra, *leader_args]))  # fmt: skip
                 names.append(f"{kind}{index}-node{node_rank}")
     topology = (f"{engines} prefill and {engines} decode engine(s) of {nnodes} node(s), "
@@ -254,26 +284,34 @@ def disaggregated(stack: contextlib.ExitStack, workdir: Path, consumer: dynamo.C
     # The frontend beside the routers, on the first decode engine's leader.
     decode_leader = next(node for node in decode if node.node_rank == 0)
     return Deployment(
-        started, launched, frontend_on(stack, decode_leader, workdir, consumer), routers,
-        4 * engines,
+        started, launched, frontend_on(stack, decode_leader, workdir, consumer, resilience),
+        routers, 4 * engines,
         prefill=prefill, decode=decode,
         metered=[node for node in prefill if node.node_rank == 0] if metrics else [],
+        start_again=starting_again(stack, workdir, topology),
     )  # fmt: skip
 
 
 def ordinary_dp_disaggregate(
-    stack: contextlib.ExitStack, workdir: Path, consumer: dynamo.Consumer = dynamo.RELEASED
+    stack: contextlib.ExitStack,
+    workdir: Path,
+    consumer: dynamo.Consumer = dynamo.RELEASED,
+    resilience: Resilience = DEFAULTS,
 ) -> Deployment:
     """3: two TP 1 / DP 2 prefill engines and two decode engines, one per node."""
     return disaggregated(stack, workdir, consumer, engines=2, nnodes=1,
-                         parallel=["--dp-size", "2"])  # fmt: skip
+                         parallel=["--dp-size", "2"], resilience=resilience)  # fmt: skip
 
 
 def attention_dp_disaggregate(
-    stack: contextlib.ExitStack, workdir: Path, consumer: dynamo.Consumer = dynamo.RELEASED
+    stack: contextlib.ExitStack,
+    workdir: Path,
+    consumer: dynamo.Consumer = dynamo.RELEASED,
+    resilience: Resilience = DEFAULTS,
 ) -> Deployment:
     """4: a TP 2 / attention-DP 2 prefill engine and a decode engine, two nodes each."""
-    return disaggregated(stack, workdir, consumer, engines=1, nnodes=2, parallel=ATTENTION_DP)
+    return disaggregated(stack, workdir, consumer, engines=1, nnodes=2, parallel=ATTENTION_DP,
+                         resilience=resilience)  # fmt: skip
 
 
 Launcher = Callable[[contextlib.ExitStack, Path, dynamo.Consumer], Deployment]

@@ -5,7 +5,7 @@ the fault injected under a steady load through Dynamo's frontend
 a large topology: they never start side by side).
 
 Run inside one SGLang env, as ``python -m overlay_harness.fault_table --column COLUMN --out
-FILE [--rows a,b,c,d1,d2,f,g] [--keep-logs DIR]``; the column is what the env and its
+FILE [--rows a,b,c,d1,d2,e,f,g,h] [--keep-logs DIR]``; the column is what the env and its
 environment are (``overlay_harness.validation``'s columns). Nothing here asserts:
 ``scripts/faults.py`` compares the overlay's cells with their goals.
 """
@@ -52,8 +52,10 @@ ROWS: dict[str, Row] = {
               lambda d, c: fault_rows.scheduler_killed(d, c, node_index=0)),
     "d2": Row(2, Resilience("on-failure"),
               lambda d, c: fault_rows.scheduler_killed(d, c, node_index=1)),
+    "e": Row(2, Resilience("on-failure"), fault_rows.group_relaunched),
     "f": Row(2, Resilience("on-failure"), fault_rows.group_stopped),
     "g": Row(1, Resilience(), fault_rows.consumer_stalled),
+    "h": Row(3, Resilience("on-failure", MIGRATION_LIMIT), fault_rows.decode_lost),
 }  # fmt: skip
 
 
