@@ -3,14 +3,17 @@
 Prints spawn-to-main latency, crash-detection latency (median and max of N, for an exit code and
 for a signal), and stop time for a cooperative and for a SIGTERM-ignoring sidecar.
 
-    PYTHONPATH=python:tests python scripts/bench_sidecar.py [--runs 20] [--shutdown-timeout 2]
+    python scripts/bench_sidecar.py [--runs 20] [--shutdown-timeout 2]
+
+with the package and ``tests/`` importable: ``bench.sidecar`` (``make benchmark``) runs it so
+(``dev_paths.child_environ``).
 
 ``--impl upstream`` measures SGLang's own launcher instead (``Sidecar`` + ``SubprocessWatchdog``
 from ``sglang.srt.entrypoints.sidecar``, 1 s poll), so it must run under a Python that has SGLang
 installed; the same provider children are used for both. ``--only KIND`` runs one measurement and
 ``--json`` prints the raw seconds, which is how ``scripts/bench`` interleaves the two.
 
-Uses the provider fixtures in ``tests/sidecar_providers`` (hence ``tests`` on PYTHONPATH: the
+Uses the provider fixtures in ``tests/sidecar_providers`` (hence ``tests`` importable: the
 sidecar children import them, and both supervisors hand them this process's path). Times are
 ``time.monotonic()``, which is system-wide on Linux, so the provider's stamps compare directly
 with the supervisor's.
@@ -194,7 +197,7 @@ def main() -> None:
     parser.add_argument("--verbose", action="store_true", help="show the supervisor's log")
     args = parser.parse_args()
     if importlib.util.find_spec("sidecar_providers") is None:
-        sys.exit("tests/sidecar_providers is not importable: PYTHONPATH=python:tests")
+        sys.exit("tests/sidecar_providers is not importable: run it as bench.sidecar does")
     logging.basicConfig(level=logging.INFO if args.verbose else logging.CRITICAL)
     kinds = [args.only] if args.only else list(KINDS)
     results: dict[str, list[float]] = {}

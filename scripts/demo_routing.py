@@ -16,8 +16,8 @@ ends. On them it runs, and prints:
 4. both prompts again through the router's ``generate``, unpinned: which rank served each,
    and the cached tokens SGLang reported.
 
-Usage (what ``make demo`` does): ``ENV/bin/python scripts/demo_routing.py`` with the harness
-(``test-registered``) on ``PYTHONPATH``.
+Usage: ``make demo``, which runs ``ENV/bin/python scripts/demo_routing.py`` with the harness
+(``test-registered``) importable (``dev_paths.child_environ``).
 """
 
 from __future__ import annotations

@@ -22,7 +22,6 @@ each env by :func:`prepare_session_env` on every test run, so cached envs never 
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import os
 import shutil
@@ -31,10 +30,10 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from types import ModuleType
 
 import pd_transfer
 from cache import cache_root, locked
+from dev_paths import package_module
 from dynamo_env import consumer_venv, install_dynamo
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -50,17 +49,6 @@ PINS = {
     "0.5.22": ("2.14.1", "5.19.0"),
     "0.5.23": ("2.14.1", "5.19.0"),
 }
-
-
-def package_module(name: str) -> ModuleType:
-    """A standard-library-only module of the package, loaded by path: scripts run before any
-    install, and with any Python."""
-    path = ROOT / "python" / "sglang_sidecar_overlay" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(f"_overlay_{name}", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 RELEASES = package_module("releases")

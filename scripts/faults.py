@@ -62,7 +62,6 @@ def run_column(column: str, wheel: Path, rows: list[str], logs: Path) -> list[di
     """The column's cells, its rows run in its env one after another."""
     session = column_session(column, wheel)
     environ = session.environ(None)
-    environ["PYTHONPATH"] = str(ROOT / "test-registered")
     with tempfile.TemporaryDirectory(prefix="overlay-faults-") as tmp:
         out = Path(tmp) / "cells.jsonl"
         command = [str(session.env / "bin" / "python"), "-m", "overlay_harness.fault_table",

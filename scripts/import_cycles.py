@@ -15,6 +15,10 @@ together. ``from package import name`` is an edge to ``package.name`` when that 
 else to ``package``. Importing a submodule is an edge to it alone, not to its package's
 ``__init__`` (as import-linter and pydeps count). Exits 1 and prints each cycle when there is
 one.
+
+It also bounds how deep the adapters stack (``--max-depth``, 4 by default): the longest chain
+of imports, counted the same way, from one module of ``sglang_sidecar_overlay.adapters``
+through others of it, in files. Exits 1 and prints the chain when it is deeper.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ TREES = ("python", "scripts", "tests", "test-registered")
 SEARCH = {tree: (tree, "python", "scripts") for tree in TREES}
 
 Module = tuple[str, str]  # (tree, dotted name)
+ADAPTERS = "sglang_sidecar_overlay.adapters"
 
 
 def module_name(path: Path, tree: Path) -> str:
@@ -138,9 +143,34 @@ def cycles(graph: dict[Module, set[Module]]) -> list[list[Module]]:
     return found
 
 
+def deepest_chain(graph: dict[Module, set[Module]], members: set[Module]) -> list[Module]:
+    """The longest import chain that stays among ``members`` (an acyclic part of ``graph``)."""
+    longest: dict[Module, list[Module]] = {}
+
+    def chain(module: Module) -> list[Module]:
+        if module not in longest:
+            below = [chain(target) for target in sorted(graph[module] & members)]
+            longest[module] = [module, *max(below, key=len, default=[])]
+        return longest[module]
+
+    return max((chain(module) for module in sorted(members)), key=len, default=[])
+
+
+def adapters_depth(graph: dict[Module, set[Module]], limit: int) -> bool:
+    """Print the adapters' deepest import chain; False when it is over ``limit``."""
+    members = {m for m in graph if m[0] == "python" and m[1].startswith(ADAPTERS + ".")}
+    deepest = deepest_chain(graph, members)
+    names = " -> ".join(name.rpartition(".")[2] for _, name in deepest)
+    print(f"adapters import depth {len(deepest)} (at most {limit}): {names}")
+    return len(deepest) <= limit
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--show-graph", action="store_true", help="print every module's imports")
+    parser.add_argument(
+        "--max-depth", type=int, default=4, help="the adapters' deepest import chain, in files"
+    )
     args = parser.parse_args(argv)
     known = modules()
     graph = {name: imports(name, path, known) for name, path in known.items()}
@@ -153,7 +183,9 @@ def main(argv: list[str] | None = None) -> int:
         print("import cycle: " + " <-> ".join(name for _, name in component), file=sys.stderr)
     edges = sum(len(targets) for targets in graph.values())
     print(f"{len(graph)} modules, {edges} imports between them, {len(found)} cycle(s)")
-    return 1 if found else 0
+    if found:
+        return 1
+    return 0 if adapters_depth(graph, args.max_depth) else 1
 
 
 if __name__ == "__main__":

@@ -44,6 +44,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pool_plan
+from dev_paths import HARNESS, child_environ
 from envs import (
     DEFAULT_RELEASES,
     PINS,
@@ -118,8 +119,8 @@ def run_demo(wheel: Path) -> int:
     """``scripts/demo_routing.py`` in the newest release's env, with a session's environment."""
     env = build_env(DEMO_RELEASE)
     prepare_session_env(env, wheel)
-    environ = Session(DEMO_RELEASE, env, []).environ(None)
-    environ["PYTHONPATH"] = str(ROOT / "test-registered")
+    # The demo is a script, not a harness module run with -m: the harness on its path.
+    environ = child_environ(HARNESS, environ=Session(DEMO_RELEASE, env, []).environ(None))
     command = [str(env / "bin" / "python"), str(ROOT / "scripts" / "demo_routing.py")]
     return subprocess.run(command, env=environ, cwd=ROOT / "test-registered").returncode
 

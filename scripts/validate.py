@@ -90,7 +90,6 @@ def run_column(column: str, consumer: str, wheel: Path, rows: list[int], logs: P
     another."""
     session = column_session(column, wheel)
     environ = session.environ(None)
-    environ["PYTHONPATH"] = str(ROOT / "test-registered")
     with tempfile.TemporaryDirectory(prefix="overlay-validate-") as tmp:
         out = Path(tmp) / "cells.jsonl"
         command = [str(session.env / "bin" / "python"), "-m", "overlay_harness.validation",

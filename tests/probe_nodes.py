@@ -4,7 +4,6 @@ publishers feeding events, a node's good server info, and the CLI run as a subpr
 from __future__ import annotations
 
 import contextlib
-import os
 import socket
 import subprocess
 import sys
@@ -17,6 +16,7 @@ from pathlib import Path
 import grpc
 import sglang_sidecar_overlay
 import zmq
+from dev_paths import child_environ
 from sglang_sidecar_overlay.contract.server_info import LEGACY_DP_SIZE_ENV
 from sglang_sidecar_overlay.tools import probe
 from sglang_sidecar_overlay.tools.probe import wire
@@ -183,10 +183,9 @@ CLI = [sys.executable, "-m", "sglang_sidecar_overlay"]
 
 def cli_environ(extra_path: tuple[Path, ...] = (), env: dict | None = None) -> dict[str, str]:
     """The CLI's environment: this package importable, no switch from the caller's shell."""
-    environ = dict(os.environ)
-    for name in ("SGLANG_PLUGINS", LEGACY_DP_SIZE_ENV, "PYTHONPATH"):
+    environ = child_environ(*extra_path, PACKAGE_PARENT, inherit=False)
+    for name in ("SGLANG_PLUGINS", LEGACY_DP_SIZE_ENV):
         environ.pop(name, None)
-    environ["PYTHONPATH"] = os.pathsep.join([*map(str, extra_path), str(PACKAGE_PARENT)])
     environ["PYTHONIOENCODING"] = "utf-8"
     environ.update(env or {})
     return environ

@@ -6,12 +6,12 @@ A real distribution on the path of a fresh interpreter: the lookup goes through
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from dev_paths import child_environ
 
 READ_VERSION = (
     "from sglang_sidecar_overlay import releases; print(releases.installed_sglang_version())"
@@ -23,7 +23,7 @@ def _read_version(site: Path) -> str:
         [sys.executable, "-c", READ_VERSION],
         capture_output=True,
         text=True,
-        env=dict(os.environ, PYTHONPATH=str(site)),
+        env=child_environ(site, inherit=False),
         timeout=120,
     )
     assert proc.returncode == 0, proc.stderr

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from cache import cache_root
+from dev_paths import child_environ
 from envs import RELEASES
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -80,18 +81,16 @@ def find_sglang_env(explicit: str | None) -> tuple[SglangEnv | None, str]:
     )
 
 
-def package_pythonpath(*extra: str | os.PathLike[str]) -> str:
-    """PYTHONPATH for a child that imports the package, then ``extra`` (``SCRIPTS`` for one
-    run as ``python -m bench.<program>``).
+def package_environ(*extra: str | os.PathLike[str]) -> dict[str, str]:
+    """The environment of a child that imports the package, then ``extra`` (``SCRIPTS`` for
+    one run as ``python -m bench.<program>``).
 
     The source tree only when the native module is built into it (``make build-dev``);
     otherwise it would shadow the installed wheel, which has the native module.
     """
     source = ROOT / "python"
     has_native = any((source / "sglang_sidecar_overlay").glob("_native*.so"))
-    parts = [str(source) if has_native else "", *map(str, extra)]
-    parts.append(os.environ.get("PYTHONPATH", ""))
-    return os.pathsep.join(p for p in parts if p)
+    return child_environ(*([source] if has_native else []), *extra)
 
 
 @contextlib.contextmanager

@@ -3,14 +3,13 @@ process of the SGLang environment given (``python -m bench.leader_reply``)."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 from typing import Any
 
+from dev_paths import HARNESS, child_environ
 from sglang_sidecar_overlay.entry_point import PLUGIN_NAME, SGLANG_PLUGINS_ENV
 
 from bench.common import (
-    ROOT,
     SCRIPTS,
     SglangEnv,
     installed_package_site,
@@ -26,12 +25,12 @@ def measure(env: SglangEnv | None, calls: int) -> dict[str, Any]:
         return {"error": "no Python with SGLang"}
     with installed_package_site() as site:
         # The harness' tiny model and its in-process leader handle come from test-registered/.
-        path = os.pathsep.join([str(site), str(SCRIPTS), str(ROOT / "test-registered")])
+        environ = child_environ(site, SCRIPTS, HARNESS, inherit=False)
         proc = subprocess.run(
             [env.python, "-m", "bench.leader_reply", "--calls", str(calls)],
             capture_output=True,
             text=True,
-            env={**os.environ, "PYTHONPATH": path, SGLANG_PLUGINS_ENV: PLUGIN_NAME},
+            env={**environ, SGLANG_PLUGINS_ENV: PLUGIN_NAME},
         )
     if proc.returncode != 0:
         return {"error": last_error_line(proc.stderr)}

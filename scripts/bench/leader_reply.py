@@ -1,7 +1,10 @@
 """Program run in an SGLang 0.5.22+ environment: the leader's GetServerInfo reply per call,
 built by the overlay's hook on every call vs the overlay's cached text.
 
-    PYTHONPATH=<package>:scripts:test-registered python -m bench.leader_reply [--calls 200]
+    python -m bench.leader_reply [--calls 200]
+
+run by ``bench.leader_info`` with the package copy, ``scripts/`` and ``test-registered/``
+importable (``dev_paths.child_environ``).
 
 Prints one JSON line: ``rebuilt`` and ``cached`` (s per call, five alternating rounds) and
 ``bytes``, or ``error``. SGLang's real ``RuntimeHandle.get_server_info`` runs on a leader's
@@ -13,7 +16,6 @@ harness, two KV sources), on the handle the harness builds for its in-process te
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import time
 from typing import Any
@@ -21,13 +23,12 @@ from typing import Any
 ROUNDS = 5
 
 
-def leader_handle() -> tuple[Any, Any]:
-    """(the adapter module, a ``RuntimeHandle`` on a leader's launch-time state)."""
+def leader_handle() -> Any:
+    """A ``RuntimeHandle`` on a leader's launch-time state."""
     from overlay_harness.group import TINY_MODEL
     from overlay_harness.in_process import leader_runtime_handle
     from sglang.srt.plugins import load_plugins
     from sglang.srt.server_args import prepare_server_args
-    from sglang_sidecar_overlay import plugin
     from sglang_sidecar_overlay.adapters import _launch
 
     kv = json.dumps({"publisher": "zmq", "endpoint": "tcp://*:45557", "topic": ""})
@@ -37,27 +38,26 @@ def leader_handle() -> tuple[Any, Any]:
     )  # fmt: skip
     server_args.resolve_once()
     load_plugins()
-    adapter = importlib.import_module(plugin.installed_adapter() or "")
     _launch.begin_node_launch()
     sources = [
         {"dp_rank": r, "endpoint": f"tcp://127.0.0.1:{45557 + r}", "topic": "", "block_size": 1}
         for r in range(2)
     ]
-    return adapter, leader_runtime_handle(server_args, sources, media_tokens=False)
+    return leader_runtime_handle(server_args, sources, media_tokens=False)
 
 
 def measure(calls: int) -> dict[str, Any]:
-    adapter, handle = leader_handle()
-    if not hasattr(adapter, "LEADER_JSON_ATTR"):
-        return {"error": f"{adapter.__name__} does not cache the reply"}
+    handle = leader_handle()
+    from overlay_harness.in_process import install_launch_hooks
     from sglang.srt.entrypoints.grpc_bridge import RuntimeHandle
+    from sglang_sidecar_overlay.adapters._launch import LEADER_JSON_ATTR
 
-    adapter.install_launch_hooks(["leader_grpc"])
+    install_launch_hooks(["leader_grpc"])
     cached = RuntimeHandle.get_server_info
 
     def rebuilt(handle: Any) -> str:
         # As if each call were a new launch's first: the hook finds no cached text.
-        vars(handle).pop(adapter.LEADER_JSON_ATTR, None)
+        vars(handle).pop(LEADER_JSON_ATTR, None)
         return cached(handle)
 
     paths = {"rebuilt": rebuilt, "cached": cached}

@@ -8,10 +8,10 @@ itself is not modified: on the rebuilt side the overlay is loaded for the measur
 
 from __future__ import annotations
 
-import os
 import subprocess
 from typing import Any
 
+from dev_paths import child_environ
 from sglang_sidecar_overlay.entry_point import PLUGIN_NAME, SGLANG_PLUGINS_ENV
 
 from bench.common import (
@@ -52,14 +52,14 @@ def measure_side(env: SglangEnv | None, runs: int, bare: bool = False) -> dict[s
     out: dict[str, Any] = {"with": [], "without": [], "leader_launch": [], "walk": [],
                            "registry": [], "version": env.version()}  # fmt: skip
     with installed_package_site() as site:
-        path = os.pathsep.join([str(site), str(SCRIPTS)])
+        environ = child_environ(site, SCRIPTS, inherit=False)
         for _ in range(runs):
             for case, allowed in CASES:
                 proc = subprocess.run(
                     [env.python, "-m", "bench.plugin_load", *(["--bare"] if bare else [])],
                     capture_output=True,
                     text=True,
-                    env={**os.environ, "PYTHONPATH": path, SGLANG_PLUGINS_ENV: allowed},
+                    env={**environ, SGLANG_PLUGINS_ENV: allowed},
                 )
                 if proc.returncode != 0:
                     return {"error": last_error_line(proc.stderr)}

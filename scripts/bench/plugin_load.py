@@ -48,7 +48,7 @@ def leader_launch() -> float:
 
     adapter = importlib.import_module(plugin.installed_adapter() or "")
     _launch.begin_node_launch()
-    adapter.install_launch_hooks(["leader_grpc"])
+    _launch.install_launch_hooks(adapter.ADAPTER, ["leader_grpc"])
     return time.perf_counter() - started
 
 

@@ -31,7 +31,7 @@ from typing import Any
 from envs import RELEASES
 from testkit.wire_server import encode_get_server_info_response
 
-from bench.common import ROOT, SCRIPTS, bench_cache, package_pythonpath, proc_status
+from bench.common import ROOT, SCRIPTS, bench_cache, package_environ, proc_status
 
 UPSTREAM_RELEASE = RELEASES.NEWEST_RELEASE
 GRPCIO_WORKERS = 64
@@ -198,7 +198,7 @@ def server_process(
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
-        env=dict(os.environ, PYTHONPATH=package_pythonpath(SCRIPTS)),
+        env=package_environ(SCRIPTS),
     )
     try:
         assert proc.stdout is not None

@@ -36,6 +36,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from dev_paths import HARNESS, child_environ
 from sglang_sidecar_overlay.sidecar import proctree
 
 from bench.common import (
@@ -210,9 +211,8 @@ def run_launch(env: SglangEnv, site: Path, label: str, requests: int) -> dict[st
 def launch_environ(env: SglangEnv, site: Path, marker: str) -> dict[str, str]:
     """The launch program's environment: the package copy, the bench package and the harness
     importable; the env's tools on PATH, as if it were activated; the launch's marker."""
-    environ = dict(os.environ)
+    environ = child_environ(site, SCRIPTS, HARNESS, inherit=False)
     environ.pop("VIRTUAL_ENV", None)
-    environ["PYTHONPATH"] = os.pathsep.join(map(str, (site, SCRIPTS, ROOT / "test-registered")))
     environ["PATH"] = f"{Path(env.python).parent}{os.pathsep}{environ.get('PATH', '')}"
     environ[MARKER_ENV] = marker
     return environ

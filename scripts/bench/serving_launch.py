@@ -1,8 +1,10 @@
 """Program run in an SGLang environment: one launch of row 8, a leader node with SGLang's real
 schedulers on the CPU test platform, with this plugin allowed or not, under a fixed workload.
 
-    PYTHONPATH=<package>:scripts:test-registered python -m bench.serving_launch \
-        --side overlay|stock [--requests 64]
+    python -m bench.serving_launch --side overlay|stock [--requests 64]
+
+run by ``bench.serving`` with the package copy, ``scripts/`` and ``test-registered/``
+importable (``dev_paths.child_environ``).
 
 The node is ``test-registered``'s harness: ``overlay_harness.group`` builds its arguments (the
 tiny config-only model, the CPU platform, one node, a ZMQ KV-event publisher bound on a free
@@ -108,8 +110,9 @@ def running_node(side: str, log_dir: Path) -> Iterator[tuple[Node, CpuMark]]:
     """The side's leader, started and ready, with the mark taken as its process started;
     always stopped."""
     group = EngineGroup(1, [])
-    # The node imports this process's package copy and the harness, as this program does.
-    env = {SGLANG_PLUGINS_ENV: ALLOW_LISTS[side], "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
+    # The node inherits this program's path (the package copy, the harness) with its
+    # environment (``overlay_harness.inside.harness_environ``).
+    env = {SGLANG_PLUGINS_ENV: ALLOW_LISTS[side]}
     # The same launch on both sides, native gRPC included: only the allow-list differs.
     launch = group.launch(0, grpc=True, env=env)
     started = cpu_mark(None)

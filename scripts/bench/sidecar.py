@@ -7,7 +7,6 @@ then upstream's (the SGLang environment's Python), kind by kind.
 from __future__ import annotations
 
 import argparse
-import os
 import subprocess
 import sys
 from typing import Any
@@ -21,7 +20,7 @@ from bench.common import (
     last_json_line,
     median,
     ms,
-    package_pythonpath,
+    package_environ,
     ratio,
 )
 
@@ -65,7 +64,7 @@ def measure(env: SglangEnv | None, args: argparse.Namespace) -> dict[str, Any]:
                 capture_output=True,
                 text=True,
                 # The provider fixtures the sidecar children run are tests/sidecar_providers.
-                env=dict(os.environ, PYTHONPATH=package_pythonpath(ROOT / "tests")),
+                env=package_environ(ROOT / "tests"),
             )
             if proc.returncode != 0:
                 results[impl][kind or "all"] = {"error": proc.stderr.strip().splitlines()[-1:]}

@@ -6,18 +6,17 @@ Each sample is a fresh process (``python -m bench.first_call``), and the servers
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from typing import Any
 
-from bench.common import SCRIPTS, median, ms, package_pythonpath, ratio
+from bench.common import SCRIPTS, median, ms, package_environ, ratio
 from bench.load import SERVERS
 
 
 def measure(extension: str, runs: int) -> dict[str, list[dict[str, float]]]:
     out: dict[str, list[dict[str, float]]] = {k: [] for k in SERVERS}
-    env = dict(os.environ, PYTHONPATH=package_pythonpath(SCRIPTS))
+    env = package_environ(SCRIPTS)
     for _ in range(runs):
         for kind in SERVERS:
             proc = subprocess.run(

@@ -35,14 +35,24 @@ def leader_with_launch_hooks(groups: list[str]) -> Any:
     plugin.load()
     HookRegistry.apply_hooks()
     begin_launch(server_args)
-    adapter = importlib.import_module(plugin.installed_adapter() or "")
-    adapter.install_launch_hooks(groups)
+    install_launch_hooks(groups)
     return server_args
+
+
+def install_launch_hooks(groups: list[str]) -> list[str]:
+    """Install the installed adapter's launch-time hook ``groups`` without a launch of the
+    schedulers, as the launch hook would (``_launch.install_launch_hooks``)."""
+    from sglang_sidecar_overlay import plugin
+    from sglang_sidecar_overlay.adapters import _launch
+
+    adapter = importlib.import_module(plugin.installed_adapter() or "")
+    return _launch.install_launch_hooks(adapter.ADAPTER, groups)
 
 
 def begin_launch(server_args: Any) -> None:
     """Begin a leader's launch of ``server_args`` in this process, as the launch hook does
-    when SGLang launches the schedulers (its incarnation, switch and sidecar options)."""
+    when SGLang launches the schedulers (its incarnation, switch and sidecar options): the
+    explicit call an engine built outside SGLang's launch path needs before its hooks run."""
     from sglang_sidecar_overlay.adapters import _launch
 
     _launch.begin_node_launch(server_args)

@@ -34,8 +34,11 @@ RUN_DEADLINE = 300.0
 
 
 def harness_environ() -> dict[str, str]:
-    """This process's environment, with the harness importable (spawned processes too)."""
-    return dict(os.environ, PYTHONPATH=str(HARNESS_ROOT))
+    """This process's environment for a harness child. The harness needs no ``PYTHONPATH``:
+    a child runs ``python -m overlay_harness.…`` from :data:`HARNESS_ROOT` (``-m`` puts it
+    first on the path), and what it spawns inherits that path (``multiprocessing``, the
+    sidecar supervisor)."""
+    return dict(os.environ)
 
 
 def _argv(function: Callable[..., Any], args: tuple, python: str | None = None) -> list[str]:
@@ -67,7 +70,7 @@ def run(
         capture_output=True,
         text=True,
         timeout=deadline,
-        env=dict(environ or os.environ, PYTHONPATH=str(HARNESS_ROOT)),
+        env=dict(environ or os.environ),
         cwd=HARNESS_ROOT,
         stdin=subprocess.DEVNULL,
     )

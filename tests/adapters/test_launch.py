@@ -4,6 +4,9 @@ The ``--sidecar-args`` options and the ``dp_size`` switch: a bad value fails the
 naming the option and the value, before the launch begins. A good launch parses the options
 once and every sidecar of the launch uses them. The SGLang tier runs the same through a real
 leader (``faults/test_launch_faults.py``).
+
+Nothing begins a launch but the launch hook (or an explicit ``begin_node_launch``): a hook SGLang
+calls in a process where no launch began raises, naming the hook and the cause.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import types
 
 import pytest
 from sglang_sidecar_overlay.adapters import _launch
-from sglang_sidecar_overlay.adapters._node_launch import PROCESS
+from sglang_sidecar_overlay.adapters._node_launch import PROCESS, NoLaunchError, current_launch
 from sglang_sidecar_overlay.contract.legacy_dp_size import LEGACY_DP_SIZE_ENV
 from sglang_sidecar_overlay.sidecar import supervisor
 
@@ -35,7 +38,7 @@ def test_a_bad_sidecar_option_fails_before_the_launch_begins(bad: list[str], mes
     # SGLang holds --sidecar-args as JSON text.
     with pytest.raises(ValueError, match=message):
         _launch.begin_node_launch(launch_args("provider", json.dumps(bad)))
-    assert PROCESS.launch is before
+    assert current_launch("a test") is before
 
 
 def test_a_bad_switch_value_fails_before_the_launch_begins(monkeypatch) -> None:
@@ -43,14 +46,14 @@ def test_a_bad_switch_value_fails_before_the_launch_begins(monkeypatch) -> None:
     monkeypatch.setenv(LEGACY_DP_SIZE_ENV, "maybe")
     with pytest.raises(ValueError, match="'maybe' is not a boolean"):
         _launch.begin_node_launch(launch_args("dynamo.sglang.sidecar", []))
-    assert PROCESS.launch is before
+    assert current_launch("a test") is before
 
 
 def test_good_options_begin_a_new_launch_with_them() -> None:
     before = _launch.begin_node_launch()
     args = ["--sidecar-restart", "on-failure", "--provider-flag", "x"]
     launch = _launch.begin_node_launch(launch_args("provider", args))
-    assert PROCESS.launch is launch is not before
+    assert current_launch("a test") is launch is not before
     assert launch.incarnation.id != before.incarnation.id
     assert launch.sidecar_options is not None and launch.sidecar_options.restart == "on-failure"
     assert launch.provider_args == ["--provider-flag", "x"]
@@ -69,7 +72,7 @@ def test_the_switch_is_decided_once_per_launch(monkeypatch) -> None:
     assert launch.legacy_dp_size is True
     # A later change of the environment is not re-read by this launch's replies.
     monkeypatch.setenv(LEGACY_DP_SIZE_ENV, "0")
-    assert _launch.launch_for({"sidecar": None}) is launch and launch.legacy_dp_size is True
+    assert current_launch("a test") is launch and launch.legacy_dp_size is True
 
 
 def test_the_sidecar_options_are_parsed_once_per_launch(monkeypatch) -> None:
@@ -100,3 +103,41 @@ def test_a_prefill_launch_exports_the_sender_hook_to_its_schedulers() -> None:
     decode = types.SimpleNamespace(sidecar=None, sidecar_args=None, disaggregation_mode="decode")
     assert "prefill_sender" in _launch.begin_node_launch(prefill).plan.children
     assert "prefill_sender" not in _launch.begin_node_launch(decode).plan.children
+
+
+@pytest.fixture
+def no_launch(monkeypatch):
+    """A process where no launch began (an engine built outside SGLang's launch path)."""
+    monkeypatch.setattr(PROCESS, "launch", None)
+
+
+@pytest.mark.parametrize("adapter", ["v0_5_19", "v0_5_22"])
+def test_the_server_info_route_with_no_launch_raises_naming_the_cause(no_launch, adapter) -> None:
+    import importlib
+
+    module = importlib.import_module(f"sglang_sidecar_overlay.adapters.{adapter}")
+    cause = r"/server_info needs this node's launch, but no launch began"
+    with pytest.raises(NoLaunchError, match=cause):
+        module.server_info_body({"status": "ready", "kv_event_sources": []})
+    assert_no_launch_began()
+
+
+def test_the_sigterm_hook_with_no_launch_raises_naming_the_cause(no_launch) -> None:
+    from sglang_sidecar_overlay.adapters import _sidecar
+
+    cause = r"SIGTERM handler.s sidecar stop needs .*Engine\._launch_scheduler_processes, which"
+    with pytest.raises(NoLaunchError, match=cause):
+        _sidecar.after_sigterm_handler(None, object())
+    assert_no_launch_began()
+
+
+def assert_no_launch_began() -> None:
+    # Nothing began a launch on the way.
+    with pytest.raises(NoLaunchError):
+        current_launch("a test")
+
+
+def test_an_explicit_begin_is_what_the_hooks_then_find(no_launch) -> None:
+    # The documented call for an engine built outside SGLang's launch path.
+    launch = _launch.begin_node_launch(launch_args(None, None))
+    assert current_launch("a test") is launch

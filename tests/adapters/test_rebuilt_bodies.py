@@ -31,14 +31,14 @@ BODY = {
 
 
 def test_a_body_is_rebuilt_with_the_node_bounds_where_sources_lack_them() -> None:
-    incarnation = _launch.begin_node_launch().incarnation
-    info = _server_info.rebuild_server_info(BODY, BOUNDS)
+    launch = _launch.begin_node_launch()
+    info = _server_info.rebuild_server_info(launch, BODY, BOUNDS)
     assert [source["dp_rank"] for source in info["kv_event_sources"]] == [0, 1]
     # What a source reports wins over the node's configured bound.
     assert _bounds(info) == [BOUNDS, {**BOUNDS, "hwm": 7}]
     assert info["kv_event_rank_space"]["local_ranks"] == [0, 1]
     assert info["contract_version"] == CONTRACT_VERSION
-    assert info["incarnation"] == incarnation.to_json()
+    assert info["incarnation"] == launch.incarnation.to_json()
     # Upstream's extras are kept, redacted with the rest.
     assert info["version"] == "0.5.23"
     assert info["internal_states"] == [{"api_key": REDACTED, "tp_size": 2}]
@@ -46,7 +46,7 @@ def test_a_body_is_rebuilt_with_the_node_bounds_where_sources_lack_them() -> Non
 
 
 def test_without_bounds_the_sources_are_rebuilt_as_reported() -> None:
-    info = _server_info.rebuild_server_info(BODY)
+    info = _server_info.rebuild_server_info(_launch.begin_node_launch(), BODY)
     assert _bounds(info) == [{}, {"hwm": 7}]
 
 

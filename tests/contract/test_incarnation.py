@@ -14,7 +14,8 @@ import types
 import jsonschema
 import pytest
 from probe_nodes import errors_of
-from sglang_sidecar_overlay.adapters._publisher import publisher_bounds, with_publisher_bounds
+from sglang_sidecar_overlay.adapters._publisher import publisher_bounds
+from sglang_sidecar_overlay.adapters._server_info import with_publisher_bounds
 from sglang_sidecar_overlay.contract.incarnation import (
     CONTRACT_VERSION,
     Incarnation,

@@ -66,11 +66,12 @@ def tree_of(pid: int) -> list[ProcKey]:
 
 
 def env_with_paths(*paths: str | os.PathLike) -> dict[str, str]:
-    """os.environ with ``paths`` put first on PYTHONPATH, for helper scripts run in a child."""
-    parts = [str(p) for p in paths]
-    if os.environ.get("PYTHONPATH"):
-        parts.append(os.environ["PYTHONPATH"])
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(parts)}
+    """os.environ with ``paths`` importable first, for helper scripts run in a child."""
+    # scripts/ is on the unit tier's path (pyproject.toml); imported here, where it is needed:
+    # the sidecar children import this module too.
+    from dev_paths import child_environ
+
+    return child_environ(*paths)
 
 
 class Fatal:

@@ -1,12 +1,13 @@
 """A follower node's own metadata server, in its engine process, and the crash watch on its
 schedulers.
 
-:func:`start_node_follower` runs once the node's schedulers are ready: the node's server info
-from the builder, served by ``server.follower`` on ``--host``/``--grpc-port`` (with the opt-in
-follower sidecar when one is configured). :func:`failing_on_scheduler_crash` replaces the
-follower branch's wait on its schedulers, so a crashed scheduler fails the node instead of
-letting it exit 0; :func:`stop_server_before_signals` puts the server's stop ahead of SGLang's
-SIGQUIT crash path and of an orchestrator's SIGTERM.
+:func:`start_node_follower` runs once the node's schedulers are ready, with the node's launch:
+the node's server info from the builder, served by ``server.follower`` on
+``--host``/``--grpc-port``, and the opt-in follower sidecar when one is configured (started
+here once the server is SERVING, and put first on the server's stop path).
+:func:`failing_on_scheduler_crash` replaces the follower branch's wait on its schedulers, so a
+crashed scheduler fails the node instead of letting it exit 0; :func:`stop_server_before_signals`
+puts the server's stop ahead of SGLang's SIGQUIT crash path and of an orchestrator's SIGTERM.
 """
 
 from __future__ import annotations
@@ -31,25 +32,44 @@ logger = logging.getLogger(__name__)
 
 
 def start_node_follower(
-    server_args: Any, scheduler_info: Mapping[str, Any], launch: NodeLaunch
+    launch: NodeLaunch, server_args: Any, scheduler_info: Mapping[str, Any]
 ) -> FollowerMetadataServer:
     """Start this follower node's metadata server on ``--host``/``--grpc-port``, watching the
-    launch's scheduler processes (with the launch's opt-in sidecar, if any)."""
+    ``launch``'s scheduler processes (with the launch's opt-in sidecar, if any)."""
     # Imported here: only a follower's engine process serves its own metadata.
     from sglang_sidecar_overlay.server.follower import start_follower_server
 
     cfg = _sglang.serving()
-    info = node_server_info(server_args, scheduler_info)
+    info = node_server_info(launch, server_args, scheduler_info)
     server = start_follower_server(
         str(cfg.host), int(cfg.grpc_port), render_server_info(info), launch.scheduler_pids()
     )
     if launch.sidecar is not None:
-        # Imported only where a sidecar is configured: the supervisor is most of the code.
-        from sglang_sidecar_overlay.adapters import _sidecar
-
-        _sidecar.attach_follower_sidecar(server, info.get("kv_event_sources") or [], launch)
+        _with_follower_sidecar(server, launch, info.get("kv_event_sources") or [])
     stop_server_before_signals(server)
     return server
+
+
+def _with_follower_sidecar(
+    server: FollowerMetadataServer, launch: NodeLaunch, sources: list[dict[str, Any]]
+) -> None:
+    """Start the launch's follower sidecar against ``server``, first on the server's stop path.
+
+    If the sidecar cannot start, the server is stopped and the error raised (the caller reaps
+    the node's schedulers, as for a bind failure).
+    """
+    # Imported only where a sidecar is configured: the supervisor is most of the code.
+    from sglang_sidecar_overlay.adapters import _sidecar
+
+    try:
+        sidecar = _sidecar.start_follower_sidecar(launch, server.host, server.port, sources)
+    except BaseException:
+        server.stop()
+        raise
+    if sidecar is not None:
+        # The sidecar first on every stop path (upstream's shutdown(), the overlay's stop(),
+        # the scheduler watcher): it must not watch its metadata server disappear.
+        server.add_before_stop(sidecar.stop)
 
 
 def stop_server_before_signals(server: FollowerMetadataServer) -> None:

@@ -14,7 +14,7 @@ walks nothing there.
   ``Engine._launch_scheduler_processes``. When a launch starts, SGLang has published the
   serving config, so that hook knows the node's role (leader or follower, ``--sidecar`` or
   not, native gRPC or not) and installs this launch's hook groups through
-  :meth:`ProcessHooks.install` (``HookRegistry.register`` + ``apply_hooks()``, which skips
+  :func:`install_groups` (``HookRegistry.register`` + ``apply_hooks()``, which skips
   targets already patched). That is before anything they patch is called or bound: the
   follower branch, the tokenizer manager and its SIGTERM handler, and the HTTP lifespan all
   run after the scheduler launch.
@@ -69,29 +69,30 @@ def child_groups(all_groups: Iterable[str]) -> list[str]:
     return [str(name) for name in exported.get("hooks") or []]
 
 
-class ProcessHooks:
-    """The launch-time hook groups this process has registered and applied (each once); held
-    by ``_node_launch.PROCESS``."""
+def install_groups(
+    installed: set[str],
+    lock: threading.Lock,
+    groups: Mapping[str, Sequence[Hook]],
+    names: Iterable[str],
+) -> list[str]:
+    """Register the named groups not in ``installed`` yet and apply them; returns those added.
 
-    def __init__(self) -> None:
-        self._installed: set[str] = set()
-        self._lock = threading.Lock()
+    ``installed`` and ``lock`` are the process's (``_node_launch.PROCESS``): each group is
+    installed once per process.
+    """
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookSource, HookType
 
-    def install(self, groups: Mapping[str, Sequence[Hook]], names: Iterable[str]) -> list[str]:
-        """Register the named groups not installed yet and apply them; returns those added."""
-        from sglang.srt.plugins.hook_registry import HookRegistry, HookSource, HookType
-
-        # Outside load_plugins() SGLang cannot tell whose hooks these are: say it (the names
-        # its registry logs).
-        source = HookSource(plugin_name=PLUGIN_NAME, dist_name=DIST_NAME)
-        with self._lock:
-            added = [name for name in names if name not in self._installed]
-            for name in added:
-                register(HookRegistry, HookType, groups[name], source=source)
-                self._installed.add(name)
-            if added:
-                HookRegistry.apply_hooks()
-        return added
+    # Outside load_plugins() SGLang cannot tell whose hooks these are: say it (the names
+    # its registry logs).
+    source = HookSource(plugin_name=PLUGIN_NAME, dist_name=DIST_NAME)
+    with lock:
+        added = [name for name in names if name not in installed]
+        for name in added:
+            register(HookRegistry, HookType, groups[name], source=source)
+            installed.add(name)
+        if added:
+            HookRegistry.apply_hooks()
+    return added
 
 
 def from_parent_launch() -> dict[str, Any] | None:

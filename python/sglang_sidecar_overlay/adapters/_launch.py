@@ -23,9 +23,10 @@ from sglang_sidecar_overlay.adapters._hooks import (
     Hook,
     child_groups,
     exported_to_children,
+    install_groups,
     register,
 )
-from sglang_sidecar_overlay.adapters._node_launch import PROCESS, NodeLaunch
+from sglang_sidecar_overlay.adapters._node_launch import PROCESS, NodeLaunch, announce_launch
 from sglang_sidecar_overlay.adapters._plan import GENERATION_0_5_22, launch_plan
 
 if TYPE_CHECKING:
@@ -82,7 +83,11 @@ def begin_node_launch(
     follower: bool = False,
     native_grpc: bool = False,
 ) -> NodeLaunch:
-    """This node's launch, begun before its schedulers start: ``PROCESS.launch`` from now on.
+    """This node's launch, begun before its schedulers start: the process's current launch
+    from now on (``_node_launch.current_launch``).
+
+    The launch hook calls it; so does code that builds an engine outside SGLang's launch path
+    on purpose (an in-process test, a benchmark), before the hooks that need a launch run.
 
     The ``dp_size`` switch and the ``--sidecar-args`` options are read here, once, so a bad
     value fails the launch before any scheduler starts and before a new incarnation: on the
@@ -123,17 +128,11 @@ def begin_node_launch(
         sidecar_options=options,
         provider_args=provider_args,
     )
-    PROCESS.launch = launch
+    announce_launch(launch)
     logger.info("node launch incarnation %s", launch.incarnation.id)
     if legacy or LEGACY_DP_SIZE_ENV in os.environ:
         logger.info("%s", legacy_dp_size_decision(legacy, sidecar))
     return launch
-
-
-def launch_for(server_args: Any) -> NodeLaunch:
-    """The launch running in this process; one begun now, from ``server_args`` (a leader's),
-    when no launch announced itself (an engine built outside SGLang's launch path)."""
-    return PROCESS.launch or begin_node_launch(server_args)
 
 
 def with_leader_sidecar(
@@ -151,12 +150,17 @@ def with_leader_sidecar(
 
 def install_launch_hooks(adapter: Adapter, names: Iterable[str]) -> list[str]:
     """Install the named launch groups (each once per process) and rebind the HTTP
-    ``/server_info`` route if ``http_server`` is loaded; returns the groups added."""
+    ``/server_info`` route if ``http_server`` is loaded; returns the groups added.
+
+    The launch hook calls it; so do in-process tests and benchmarks that begin a launch
+    themselves (``begin_node_launch``), with the adapter module's ``ADAPTER``.
+    """
     from sglang_sidecar_overlay.adapters import _http_route
 
     _http_route.rebind_loaded_server_info_route(adapter.server_info_body)
     names = list(names)
-    return PROCESS.hooks.install(with_leader_sidecar(adapter.launch_hooks, names), names)
+    groups = with_leader_sidecar(adapter.launch_hooks, names)
+    return install_groups(PROCESS.installed_hooks, PROCESS.hooks_lock, groups, names)
 
 
 def launch_hook(adapter: Adapter) -> Callable[..., tuple[Any, Any]]:

@@ -8,9 +8,20 @@ and the sidecars running on the node.
 
 :data:`PROCESS` is the process's only module-level state: the plugin's idempotence guard (the
 adapter it loaded), the launch-time hook groups applied in this process and the node launch
-running now. The hooks SGLang calls with no object of ours (``start_sidecar()``, the SIGTERM
-handler, the follower server's start, ``GetServerInfo``, ``/server_info``) find the launch
-there; an engine process launches one node at a time.
+running now. The launch hook hands its launch to everything downstream as an argument (the
+follower start, the server-info builder, the sidecars). The hooks SGLang calls with no object
+of ours (``start_sidecar()``, the SIGTERM handler, the follower server's start,
+``GetServerInfo``, ``/server_info``) get it from :func:`current_launch`, which raises when no
+launch began; nothing begins a launch implicitly. An engine process launches one node at a
+time.
+
+An engine built outside SGLang's launch path (no ``Engine._launch_scheduler_processes``, so
+no launch hook) gets that error from the first hook that needs its launch; code that builds
+one on purpose (an in-process test, a benchmark) calls ``_launch.begin_node_launch(server_args)``
+first, as the launch hook would.
+
+This module imports no other adapter module: every adapter module can read
+the launch without stacking another file under it.
 
 What a launch hands the processes it spawns is one variable (``_hooks.CHILD_LAUNCH_ENV``).
 """
@@ -19,14 +30,24 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any, Protocol
-
-from sglang_sidecar_overlay.adapters._hooks import ProcessHooks
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 if TYPE_CHECKING:
-    from sglang_sidecar_overlay.adapters._plan import LaunchPlan
     from sglang_sidecar_overlay.contract.incarnation import Incarnation
     from sglang_sidecar_overlay.sidecar.supervisor import SidecarOptions
+
+
+class LaunchPlan(NamedTuple):
+    """The hook groups of one launch (``_plan.launch_plan``'s rule): installed in the engine
+    process, and in its children."""
+
+    launch: tuple[str, ...]
+    children: tuple[str, ...]
+
+    @property
+    def side_channel(self) -> bool:
+        """Whether the children hand their sources back through the side channel."""
+        return "sources" in self.children
 
 
 class Sidecar(Protocol):
@@ -108,16 +129,33 @@ class OverlayProcess:
         self.loaded = False
         self.adapter: str | None = None
         self.launch: NodeLaunch | None = None
-        # The launch-time hook groups applied in this process (each once).
-        self.hooks = ProcessHooks()
+        # The launch-time hook groups applied in this process (each once; ``_hooks``).
+        self.installed_hooks: set[str] = set()
+        self.hooks_lock = threading.Lock()
 
 
 PROCESS = OverlayProcess()
 
 
-def current_launch() -> NodeLaunch:
-    """The node launch running in this process; raises when no launch began here."""
+class NoLaunchError(RuntimeError):
+    """A hook that needs its node's launch ran in a process where no launch began."""
+
+
+def announce_launch(launch: NodeLaunch) -> None:
+    """``launch`` is this process's node launch from now on (``_launch.begin_node_launch``)."""
+    PROCESS.launch = launch
+
+
+def current_launch(needed_by: str) -> NodeLaunch:
+    """The node launch running in this process, for the hook ``needed_by``; raises
+    :class:`NoLaunchError` naming that hook and the cause when no launch began here."""
     launch = PROCESS.launch
     if launch is None:
-        raise RuntimeError("no node launch began in this process")
+        raise NoLaunchError(
+            f"{needed_by} needs this node's launch, but no launch began in this process: the "
+            "overlay begins one in its hook on SGLang's Engine._launch_scheduler_processes, "
+            "which did not run here (an engine built outside SGLang's launch path). Call "
+            "sglang_sidecar_overlay.adapters._launch.begin_node_launch(server_args) before "
+            "serving such an engine."
+        )
     return launch

@@ -15,24 +15,12 @@ to its own hooks:
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from sglang_sidecar_overlay.adapters._node_launch import LaunchPlan
 
 # The two API generations (``releases.ADAPTERS``): before 0.5.22 the DP controller runs no
 # plugins and upstream advertises no sources.
 GENERATION_0_5_19 = "0.5.19"
 GENERATION_0_5_22 = "0.5.22"
-
-
-class LaunchPlan(NamedTuple):
-    """The hook groups of one launch: installed in the engine process, and in its children."""
-
-    launch: tuple[str, ...]
-    children: tuple[str, ...]
-
-    @property
-    def side_channel(self) -> bool:
-        """Whether the children hand their sources back through the side channel."""
-        return "sources" in self.children
 
 
 def launch_plan(

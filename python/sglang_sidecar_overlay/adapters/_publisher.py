@@ -9,7 +9,6 @@ the bounds the publisher enforces (its replay buffer, high-water mark and queue)
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
 from typing import Any
 
 from sglang_sidecar_overlay.adapters import _sglang
@@ -75,18 +74,6 @@ def publisher_bounds(publisher: Any) -> dict[str, int]:
     if is_int(maxsize):
         bounds["max_queue_size"] = max(maxsize, 0)
     return bounds
-
-
-def with_publisher_bounds(
-    sources: Iterable[Mapping[str, Any]], bounds: Mapping[str, int]
-) -> list[dict[str, Any]]:
-    """``sources`` with the node's publisher bounds added where a source did not report them.
-
-    0.5.22+ schedulers describe their sources without the bounds; every publisher of a
-    node is built from the one ``--kv-events-config``, so its effective values are the
-    config's (``_sglang.kv_publisher_bounds``).
-    """
-    return [{**bounds, **source} for source in sources]
 
 
 def scheduler_block_size(scheduler: Any) -> int:

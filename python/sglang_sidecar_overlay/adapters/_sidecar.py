@@ -9,10 +9,11 @@ same way). What runs where:
   ``start_sidecar`` is wrapped (AROUND) to return a :class:`NodeSidecar` over the core
   ``SidecarSupervisor``, so upstream's start point and stop order are kept as they are.
 - Follower (engine process, ``node_rank >= 1``), opt-in with ``--sidecar-on-followers`` in
-  ``sidecar_args``: :func:`attach_follower_sidecar` starts the sidecar once the follower
+  ``sidecar_args``: :func:`start_follower_sidecar` starts the sidecar once the follower
   metadata server is SERVING, pointed at it, and only when the node owns at least one KV
-  publisher. It is stopped *before* that server stops (a consumer that loses its metadata
-  server errors out a few seconds later, which is noise during an orderly shutdown).
+  publisher. The follower start (``_follower``) stops it *before* that server stops (a
+  consumer that loses its metadata server errors out a few seconds later, which is noise
+  during an orderly shutdown).
 - ``SGLANG_RUST_SERVER`` mode is left to upstream: there 0.5.23's ``rust_server_sidecar``
   owns the sidecar (and ``start_sidecar`` is called through to the original).
 
@@ -31,12 +32,11 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sglang_sidecar_overlay.adapters import _sglang
 from sglang_sidecar_overlay.adapters._hooks import Hook
 from sglang_sidecar_overlay.adapters._node_launch import (
-    PROCESS,
     NodeLaunch,
     RunningSidecars,
     current_launch,
@@ -47,9 +47,6 @@ from sglang_sidecar_overlay.sidecar.supervisor import (
     SidecarSupervisor,
     build_sidecar_endpoint,
 )
-
-if TYPE_CHECKING:
-    from sglang_sidecar_overlay.server.follower import FollowerMetadataServer
 
 logger = logging.getLogger(__name__)
 
@@ -149,29 +146,26 @@ def around_start_sidecar(original: Any, *args: Any, **kwargs: Any) -> Any:
     if _sglang.rust_server_enabled():
         return original(*args, **kwargs)
     # The launch hook began this node's launch before SGLang's lifespan could get here.
-    return start_leader_sidecar(current_launch())
+    return start_leader_sidecar(current_launch("the leader's start_sidecar()"))
 
 
 def after_sigterm_handler(result: Any, *args: Any, **kwargs: Any) -> Any:
     """SGLang has begun its SIGTERM shutdown: stop this node's sidecars first, gracefully."""
-    running = PROCESS.launch.sidecars.snapshot() if PROCESS.launch is not None else []
-    for sidecar in running:
+    launch = current_launch("the SIGTERM handler's sidecar stop")
+    for sidecar in launch.sidecars.snapshot():
         logger.info("SIGTERM: stopping %s before SGLang's shutdown kills the process tree", sidecar)
         sidecar.stop_in_background()
     return result
 
 
-def attach_follower_sidecar(
-    server: FollowerMetadataServer, sources: list[dict[str, Any]], launch: NodeLaunch
+def start_follower_sidecar(
+    launch: NodeLaunch, host: str, port: int, sources: list[dict[str, Any]]
 ) -> NodeSidecar | None:
-    """Start the opt-in follower sidecar against ``server`` and stop it before ``server``.
+    """Start the opt-in follower sidecar of ``launch`` against the SERVING follower metadata
+    server at ``host:port``; ``sources`` is the node's ``kv_event_sources``.
 
-    ``server`` is a SERVING
-    :class:`~sglang_sidecar_overlay.server.follower.FollowerMetadataServer`;
-    ``sources`` is the node's ``kv_event_sources``; ``launch`` the node's launch, with the
-    ``--sidecar`` and its options. Returns None when no sidecar belongs here. If the sidecar
-    cannot start, the server is stopped and the error raised (the caller reaps the node's
-    schedulers, as for a bind failure).
+    Returns None when no sidecar belongs here (no ``--sidecar``, no
+    ``--sidecar-on-followers``, or no KV publisher on the node); raises when it cannot start.
     """
     module, options = launch.sidecar, launch.sidecar_options
     if module is None or options is None:
@@ -190,20 +184,13 @@ def attach_follower_sidecar(
             module,
         )
         return None
-    try:
-        sidecar = _node_sidecar(launch, server.host, server.port, "follower")
-        sidecar.start()
-    except BaseException:
-        server.stop()
-        raise
-    # The sidecar first on every stop path (upstream's shutdown(), the overlay's stop(), the
-    # scheduler watcher): it must not watch its metadata server disappear.
-    server.add_before_stop(sidecar.stop)
+    sidecar = _node_sidecar(launch, host, port, "follower")
+    sidecar.start()
     return sidecar
 
 
-# A leader launched with --sidecar installs these (``_hooks``); followers are wired by the
-# adapters through attach_follower_sidecar.
+# A leader launched with --sidecar installs these (``_hooks``); a follower's sidecar is
+# started by its follower start (``_follower``) through start_follower_sidecar.
 LEADER_HOOKS = (
     Hook(START_SIDECAR, around_start_sidecar, "AROUND"),
     Hook(SIGTERM_HANDLER, after_sigterm_handler, "AFTER"),

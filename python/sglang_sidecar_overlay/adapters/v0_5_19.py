@@ -36,7 +36,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from sglang_sidecar_overlay.adapters import _disagg_dp_rank, _hooks, _launch, _plan, _sglang
-from sglang_sidecar_overlay.adapters._node_launch import NodeLaunch
+from sglang_sidecar_overlay.adapters._node_launch import NodeLaunch, current_launch
 from sglang_sidecar_overlay.adapters._side_channel import SideChannel, write_side_channel
 
 PUBLISHER_SETUP = "sglang.srt.disaggregation.kv_events.ZmqEventPublisher._socket_setup"
@@ -45,7 +45,6 @@ ENGINE_SHUTDOWN = "sglang.srt.entrypoints.engine.Engine.shutdown"
 LEADER_SERVER_INFO = "sglang.srt.entrypoints.grpc_bridge.RuntimeHandle.get_server_info"
 
 FOLLOWER_ATTR = "grpc_server"
-LEADER_JSON_ATTR = _launch.LEADER_JSON_ATTR
 
 
 # The shared adapter modules (publisher read-back, the builder's inputs, the follower server)
@@ -131,7 +130,7 @@ def _start_follower(launch: NodeLaunch, server_args: Any) -> None:
 
     init_result = launch.init_result
     try:
-        server = _follower.start_node_follower(server_args, init_result.scheduler_infos[0], launch)
+        server = _follower.start_node_follower(launch, server_args, init_result.scheduler_infos[0])
     except BaseException:
         # The node cannot serve its metadata: do not leave its schedulers behind.
         _sglang.reap(launch.procs)
@@ -158,8 +157,10 @@ def leader_server_info(handle: Any) -> str:
         from sglang_sidecar_overlay.adapters import _server_info
         from sglang_sidecar_overlay.contract.server_info import render_server_info
 
+        launch = current_launch("the leader's GetServerInfo")
         server_args = handle.tokenizer_manager.server_args
-        return render_server_info(_server_info.node_server_info(server_args, handle.scheduler_info))
+        info = _server_info.node_server_info(launch, server_args, handle.scheduler_info)
+        return render_server_info(info)
 
     return _launch.cached_leader_reply(handle, build)
 
@@ -168,7 +169,7 @@ def server_info_body(upstream: Mapping[str, Any]) -> dict[str, Any]:
     """The rebound ``/server_info``'s transform: upstream's body through the core builder."""
     from sglang_sidecar_overlay.adapters import _server_info
 
-    return _server_info.rebuild_server_info(upstream)
+    return _server_info.rebuild_server_info(current_launch("/server_info"), upstream)
 
 
 CHILD_HOOKS = {
@@ -191,8 +192,3 @@ ADAPTER = _launch.Adapter(
 )
 # load_plugins(): the launch hook in the engine process, else the child groups.
 register = _launch.process_registration(ADAPTER)
-
-
-def install_launch_hooks(names: list[str]) -> list[str]:
-    """The named launch groups installed without a launch (in-process tests, benchmarks)."""
-    return _launch.install_launch_hooks(ADAPTER, names)

@@ -44,11 +44,10 @@ from collections.abc import Mapping
 from typing import Any, cast
 
 from sglang_sidecar_overlay.adapters import _disagg_dp_rank, _hooks, _launch, _plan, _sglang
-from sglang_sidecar_overlay.adapters._node_launch import NodeLaunch
+from sglang_sidecar_overlay.adapters._node_launch import NodeLaunch, current_launch
 
 START_FOLLOWER = "sglang.srt.utils.common.start_follower_grpc_server"
 LEADER_SERVER_INFO = "sglang.srt.entrypoints.grpc_bridge.RuntimeHandle.get_server_info"
-LEADER_JSON_ATTR = _launch.LEADER_JSON_ATTR
 
 
 def around_start_follower(
@@ -60,8 +59,8 @@ def around_start_follower(
 
     # Upstream passes only server args and ready info: the scheduler processes to watch
     # are the launch's.
-    launch = _launch.launch_for(server_args)
-    return _follower.start_node_follower(server_args, scheduler_info, launch)
+    launch = current_launch("the follower metadata server's start")
+    return _follower.start_node_follower(launch, server_args, scheduler_info)
 
 
 def around_leader_server_info(original: Any, handle: Any, *args: Any, **kwargs: Any) -> str:
@@ -73,6 +72,7 @@ def around_leader_server_info(original: Any, handle: Any, *args: Any, **kwargs: 
         from sglang_sidecar_overlay.adapters import _server_info
 
         return _server_info.leader_grpc_reply(
+            current_launch("the leader's GetServerInfo"),
             original(handle, *args, **kwargs),
             handle.tokenizer_manager.server_args,
             handle.scheduler_info,
@@ -86,7 +86,7 @@ def server_info_body(upstream: Mapping[str, Any]) -> dict[str, Any]:
     # Imported at the first request, not when the launch rebinds the route.
     from sglang_sidecar_overlay.adapters import _server_info
 
-    return _server_info.rebuild_with_node_bounds(upstream)
+    return _server_info.rebuild_with_node_bounds(current_launch("/server_info"), upstream)
 
 
 def after_spawn(launch: NodeLaunch, server_args: Any, channel: Any) -> None:
@@ -113,8 +113,3 @@ ADAPTER = _launch.Adapter(
 )
 # load_plugins(): the launch hook in the engine process, else the child groups.
 register = _launch.process_registration(ADAPTER)
-
-
-def install_launch_hooks(names: list[str]) -> list[str]:
-    """The named launch groups installed without a launch (in-process tests, benchmarks)."""
-    return _launch.install_launch_hooks(ADAPTER, names)

@@ -24,6 +24,7 @@ from sglang.srt.entrypoints.grpc_bridge import RuntimeHandle
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.test_utils import CustomTestCase
 from sglang_sidecar_overlay import releases
+from sglang_sidecar_overlay.adapters import _node_launch
 from sglang_sidecar_overlay.contract import schema, server_info
 from sglang_sidecar_overlay.contract.redaction import REDACTED
 
@@ -68,6 +69,16 @@ class TestLeaderGrpcServerInfo(CustomTestCase):
         for source in info["kv_event_sources"]:
             # The harness' --kv-events-config sets none: SGLang's KVEventsConfig defaults.
             self.assertTrue(all(isinstance(source[bound], int) for bound in BOUNDS), source)
+
+    def test_with_no_launch_the_hook_raises_naming_the_cause(self):
+        # An engine built outside SGLang's launch path: no launch hook ran, none began, and
+        # the hook does not begin one.
+        cause = "the leader's GetServerInfo needs this node's launch, but no launch began"
+        with mock.patch.object(_node_launch.PROCESS, "launch", None):
+            with self.assertRaisesRegex(_node_launch.NoLaunchError, cause):
+                self._handle(SOURCES).get_server_info()
+            with self.assertRaises(_node_launch.NoLaunchError):
+                _node_launch.current_launch("this test")
 
     def test_legacy_dp_size_switch_reaches_grpc(self):
         # The switch is read once, when a launch begins; the next tests get one without it.

@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from typing import IO
 
 import zmq
+from dev_paths import child_environ
 from probe_nodes import CLI, PACKAGE_PARENT, cli_environ, feeding, stand_in_publishers
 from sglang_sidecar_overlay._native import start_metadata_server
 from sglang_sidecar_overlay.contract.incarnation import Incarnation
@@ -79,11 +80,12 @@ def spawn_watch_on_a_terminal(target: str, sigint: signal.Handlers) -> tuple[int
     pid, fd = pty.fork()
     if pid == 0:  # the child
         signal.signal(signal.SIGINT, sigint)
-        os.environ["PYTHONPATH"] = str(PACKAGE_PARENT)
-        os.environ["COLUMNS"] = "100"
-        os.execv(
+        environ = child_environ(PACKAGE_PARENT, inherit=False)
+        environ["COLUMNS"] = "100"
+        os.execve(
             sys.executable,
             [sys.executable, "-m", "sglang_sidecar_overlay", "probe", target, "--watch"],
+            environ,
         )
     return pid, fd
 
