@@ -20,6 +20,7 @@ import re
 import signal
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from sglang_sidecar_overlay.sidecar import proctree
@@ -93,12 +94,8 @@ def _cmdline(pid: int) -> bytes:
 
 
 def node_pids(node: nodes.Node) -> list[int]:
-    """Every live process of ``node``: those carrying its tag, and the members of its process
-    group (SGLang's titled processes, a scheduler or the DP controller, overwrite the
-    environment the tag is in: ``setproctitle``)."""
-    table = proctree.process_table()
-    members = {pid for pid, _start in proctree.group_members(node.proc.pid, table)}
-    return sorted(members | set(nodes.pids_with_tag(node.tag)))
+    """Every live process of ``node`` (``Node.pids``; a Slurm step's node counts its own)."""
+    return node.pids()
 
 
 def _parent(pid: int) -> int | None:
@@ -311,15 +308,23 @@ GRACE = 30.0
 STOP_EXIT_CODES = {0, -signal.SIGTERM, -signal.SIGKILL}
 
 
-def group_stopped(deployment: Deployment, column: str, grace: float = GRACE) -> Cell:
-    """Row f: SIGTERM to every node of the deployment with requests in flight, SIGKILL to
-    what is left after ``grace`` seconds: every process gone within the grace period, each
-    node's sidecar told (SIGTERM) and gone before its server stopped, every request ended."""
-    cell = Cell("f", column, f"SIGTERM to every node, SIGKILL after {grace:.0f} s")
+def terminate_each(deployment: Deployment) -> None:
+    """SIGTERM to every node process, as an orchestrator's stop sends it."""
+    for node in deployment.nodes:
+        os.kill(node.proc.pid, signal.SIGTERM)
+
+
+def group_stopped(deployment: Deployment, column: str, grace: float = GRACE,
+                  stop: Callable[[Deployment], object] = terminate_each,
+                  fault: str = "SIGTERM to every node") -> Cell:  # fmt: skip
+    """Row f: ``stop`` (SIGTERM to every node of the deployment; ``scancel`` under Slurm) with
+    requests in flight, SIGKILL to what is left after ``grace`` seconds: every process gone
+    within the grace period, each node's sidecar told (SIGTERM) and gone before its server
+    stopped, every request ended."""
+    cell = Cell("f", column, f"{fault}, SIGKILL after {grace:.0f} s")
     with loaded(deployment, cell, serves_after=False) as flow:
         fault_at = time.monotonic()
-        for node in deployment.nodes:
-            os.kill(node.proc.pid, signal.SIGTERM)
+        stop(deployment)
         flow.stop_sending()  # the group goes: the requests in flight are the row's
         gone = cell.recovery["every process gone"] = gone_within(deployment.nodes, fault_at, grace)
         cell.left = sum(len(node_pids(node)) for node in deployment.nodes)
