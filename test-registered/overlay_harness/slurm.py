@@ -261,6 +261,11 @@ class Cluster:
         return self.client(["etcdctl", "--endpoints", self.etcd_endpoint, "endpoint", "health"],
                            check=False).returncode == 0  # fmt: skip
 
+    def queued(self, job: str | None = None) -> bool:
+        """Whether Slurm still lists ``job`` (any job when None)."""
+        which = ["-j", job] if job is not None else []
+        return bool(self.client(["squeue", "-h", *which], check=False).stdout.strip())
+
     def daemon_pids(self) -> list[int]:
         """The daemons' processes (their wrappers exec into them)."""
         return [proc.pid for proc in self.daemons.values() if proc.poll() is None]
@@ -271,8 +276,7 @@ class Cluster:
         if "slurmctld" in self.daemons:
             self.client(["scancel", "--user=root"], check=False)
             with contextlib.suppress(AssertionError):
-                wait_for(lambda: not self.client(["squeue", "-h"], check=False).stdout.strip(),
-                         KILL_WAIT + 15, "every job to end")  # fmt: skip
+                wait_for(lambda: not self.queued(), KILL_WAIT + 15, "every job to end")
         for proc in reversed(self.daemons.values()):
             with contextlib.suppress(ProcessLookupError):
                 proc.terminate()
