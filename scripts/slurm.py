@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     install_packages()
     session = column_session("overlay", find_wheel(args.wheel_dir))
-    with tempfile.TemporaryDirectory(prefix="overlay-slurm-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="slurm-result-") as tmp:
         out = Path(tmp) / "result.json"
         # From test-registered, ``python -m`` finds the harness there.
         command = [str(session.env / "bin" / "python"), "-m", "overlay_harness.slurm_job",
