@@ -151,9 +151,11 @@ class Cluster:
 
     # --- commands -------------------------------------------------------------------------
 
-    def environ(self) -> dict[str, str]:
-        """What every Slurm command here runs with: the run's config and hosts file."""
-        return dict(os.environ, SLURM_CONF=str(self.state / "etc" / "slurm.conf"),
+    def environ(self, base: dict[str, str] | None = None) -> dict[str, str]:
+        """``base`` (default: this process's environment) with what every Slurm command here
+        needs: the run's config and hosts file."""
+        return dict(os.environ if base is None else base,
+                    SLURM_CONF=str(self.state / "etc" / "slurm.conf"),
                     OVERLAY_SLURM_HOSTS=str(self.state / "etc" / "hosts"))  # fmt: skip
 
     def host_argv(self, name: str, argv: list[str]) -> list[str]:
@@ -169,9 +171,10 @@ class Cluster:
         check: bool = True,
         timeout: float = 60.0,
     ) -> subprocess.CompletedProcess:
-        """A Slurm client command (``sbatch``, ``squeue``, ...) on the controller's host."""
+        """A Slurm client command (``sbatch``, ``squeue``, ...) on the controller's host, in
+        ``env`` (default: this process's environment)."""
         proc = subprocess.run(self.host_argv(CONTROLLER, argv), capture_output=True, text=True,
-                              env={**self.environ(), **(env or {})}, timeout=timeout,
+                              env=self.environ(env), timeout=timeout,
                               stdin=subprocess.DEVNULL)  # fmt: skip
         if check and proc.returncode != 0:
             raise AssertionError(f"{' '.join(argv)}: exit {proc.returncode}: {proc.stderr.strip()}")

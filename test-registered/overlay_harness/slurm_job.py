@@ -107,14 +107,12 @@ class StepTask:
 def step_processes(job: str, netns_inode: int, program: str) -> tuple[int, int] | None:
     """(the step's slurmstepd, its task) of job ``job`` running ``python -m program`` in the
     network namespace ``netns_inode``."""
-    table = proctree.process_table()
-    for pid, stat in table.items():
-        parent = table.get(stat.ppid)
-        if parent is None or f"[{job}.".encode() not in fault_rows._cmdline(stat.ppid):
-            continue
-        with contextlib.suppress(OSError):
-            if (os.stat(f"/proc/{pid}/ns/net").st_ino == netns_inode
-                    and program.encode() in fault_rows._cmdline(pid)):  # fmt: skip
+    for pid, stat in proctree.process_table().items():
+        with contextlib.suppress(OSError):  # gone meanwhile
+            stepd = Path(f"/proc/{stat.ppid}/cmdline").read_bytes()
+            if (stepd.startswith(f"slurmstepd: [{job}.".encode())
+                    and os.stat(f"/proc/{pid}/ns/net").st_ino == netns_inode
+                    and program.encode() in Path(f"/proc/{pid}/cmdline").read_bytes()):  # fmt: skip
                 return stat.ppid, pid
     return None
 
@@ -168,16 +166,17 @@ class StepFrontend(dynamo.Frontend):
         _stepd, pid = nodes.wait_for(lambda: step_processes(job, inode, "dynamo.frontend"),
                                      READY_DEADLINE, "the frontend's step")  # fmt: skip
         self.argv = ["dynamo.frontend"]
-        self.proc = StepTask(pid, "n0", log_path)
+        self.proc = StepTask(pid, "n0", log_path.with_name(f"job-{job}.out"))
 
 
-def job_environ(workdir: Path, etcd: str) -> dict[str, str]:
+def job_environ(workdir: Path) -> dict[str, str]:
     """What ``sbatch`` passes on to the job (Slurm exports the submitter's environment): the
     env's PATH, the nodes' plugins and diagnostics as the harness starts any node, no Dynamo
-    transport settings (the script's own flags choose them), and a home for the frontend."""
+    transport settings nor etcd endpoint (the script's own flags and export choose them), and a
+    home for the frontend."""
     environ = {key: value for key, value in dynamo.consumer_environ(workdir, legacy=None).items()
                if key not in dynamo.TRANSPORT_ENV and key != "DYN_FILE_KV"}  # fmt: skip
-    environ.update(node_process_environ(), HOME=str(workdir / "home"), ETCD_ENDPOINTS=etcd)
+    environ.update(node_process_environ(), HOME=str(workdir / "home"))
     return environ
 
 
@@ -206,7 +205,7 @@ def submit(cluster: slurm.Cluster, workdir: Path) -> str:
     """``sbatch`` the rendered script from ``workdir``; the job id."""
     proc = cluster.client(["sbatch", "--parsable", f"--chdir={workdir}",
                            f"--output={workdir}/job-%j.out", str(workdir / "job.sh")],
-                          env=job_environ(workdir, cluster.etcd_endpoint))  # fmt: skip
+                          env=job_environ(workdir))  # fmt: skip
     return proc.stdout.strip().split(";")[0]
 
 
