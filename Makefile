@@ -223,7 +223,7 @@ faults: install
 # discovery), deployment 2 submitted with sbatch, the seed's measures through its Dynamo
 # frontend, then scancel under load (fault row f). Root; installs Debian's slurm-wlm, munge,
 # etcd-server and etcd-client when missing. Not part of `make test` (its unit tier renders the
-# script): about 5 minutes.
+# script): 5 to 10 minutes on this machine type.
 slurm: install
 	$(PY) scripts/slurm.py --wheel-dir $(WHEEL_DIR)
 
