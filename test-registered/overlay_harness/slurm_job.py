@@ -129,7 +129,6 @@ class StepNode:
         self.grpc_port = int(args[args.index("--grpc-port") + 1])
         self.http_port = int(args[args.index("--port") + 1])
         self.log_path = workdir / f"node{node_rank}-{job}.log"
-        self.tag = ""  # no node tag: Slurm starts it; its processes are its step's tree
         inode = os.stat(f"/run/netns/{self.host.netns}").st_ino
         self.stepd, task = nodes.wait_for(
             lambda: step_processes(job, inode, "sglang.launch_server"), READY_DEADLINE,
