@@ -19,7 +19,7 @@ SGLANG_TEST_JOBS ?= 2
 	test-build test-unit-and-venv test-series sglang-envs series-tests test-sglang-pool test-unit \
 	test-registered benchmark-smoke benchmark-smoke-installed selftest benchmark hostile \
 	fresh-venv-check fresh-venv-check-built sdist-check patches-check patches-lint patched-wheel \
-	test-patched test-sglang test-rest demo stress validate faults clean
+	test-patched test-sglang test-rest demo stress validate faults slurm clean
 
 venv: $(PY)
 $(PY):
@@ -217,6 +217,15 @@ validate: install
 # docs/faults.md. Not part of `make test` (which asserts rows a, c and f on the overlay).
 faults: install
 	$(PY) scripts/faults.py --wheel-dir $(WHEEL_DIR)
+
+# docs/deployment.md's Slurm script run as written: a real Slurm cluster on this machine
+# (slurmctld, one slurmd per node, each node its own network namespace; munge; etcd as Dynamo's
+# discovery), deployment 2 submitted with sbatch, the seed's measures through its Dynamo
+# frontend, then scancel under load (fault row f). Root; installs Debian's slurm-wlm, munge,
+# etcd-server and etcd-client when missing. Not part of `make test` (its unit tier renders the
+# script): 5 to 10 minutes on this machine type.
+slurm: install
+	$(PY) scripts/slurm.py --wheel-dir $(WHEEL_DIR)
 
 # The unit tier and one SGLang session, three times each, started as a background job
 # (SIGINT ignored, no terminal) under a CPU hog on every core: docs/compatibility.md.

@@ -2,12 +2,21 @@
 
 Standard library and Dynamo only, so any consumer version's environment runs it (the SGLang
 env's own Dynamo, or another version's env of its own, through ``inside.run(python=...)``).
-Discovery, request plane and event plane are the environment's (file, TCP, ZMQ here).
+Discovery is the environment's (file here, etcd under ``make slurm``); requests over TCP,
+events over ZMQ.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+
+def discovery_backend() -> str:
+    """The environment's discovery backend (``DYN_DISCOVERY_BACKEND``, as Dynamo's own
+    processes read it), file discovery when unset."""
+    import os
+
+    return os.environ.get("DYN_DISCOVERY_BACKEND", "file")
 
 
 def call(endpoint: str, payload: Any, seconds: float = 60.0) -> list:
@@ -18,7 +27,7 @@ def call(endpoint: str, payload: Any, seconds: float = 60.0) -> list:
 
     async def responses() -> list:
         loop = asyncio.get_running_loop()
-        runtime = DistributedRuntime(loop, "file", "tcp", event_plane="zmq")
+        runtime = DistributedRuntime(loop, discovery_backend(), "tcp", event_plane="zmq")
         try:
             client = await runtime.endpoint(endpoint).client()
             await asyncio.wait_for(client.wait_for_instances(), seconds)
@@ -40,7 +49,7 @@ def call_every(endpoint: str, payload: Any, instances: int, seconds: float = 60.
 
     async def responses() -> list[list]:
         loop = asyncio.get_running_loop()
-        runtime = DistributedRuntime(loop, "file", "tcp", event_plane="zmq")
+        runtime = DistributedRuntime(loop, discovery_backend(), "tcp", event_plane="zmq")
         try:
             client = await runtime.endpoint(endpoint).client()
             while len(client.instance_ids()) < instances:

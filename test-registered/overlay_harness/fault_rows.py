@@ -98,12 +98,8 @@ def _cmdline(pid: int) -> bytes:
 
 
 def node_pids(node: nodes.Node) -> list[int]:
-    """Every live process of ``node``: those carrying its tag, and the members of its process
-    group (SGLang's titled processes, a scheduler or the DP controller, overwrite the
-    environment the tag is in: ``setproctitle``)."""
-    table = proctree.process_table()
-    members = {pid for pid, _start in proctree.group_members(node.proc.pid, table)}
-    return sorted(members | set(nodes.pids_with_tag(node.tag)))
+    """Every live process of ``node`` (``Node.pids``; a Slurm step's node counts its own)."""
+    return node.pids()
 
 
 def _parent(pid: int) -> int | None:
@@ -316,16 +312,22 @@ GRACE = 30.0
 STOP_EXIT_CODES = {0, -signal.SIGTERM, -signal.SIGKILL}
 
 
-def stop_as_orchestrator(group: list[nodes.Node], grace: float = GRACE, *,
-                         signalled: Callable[[], None] = lambda: None,
-                         ) -> tuple[float | None, int]:  # fmt: skip
-    """SIGTERM to every node of ``group`` (then ``signalled()``), SIGKILL to what is left
-    after ``grace`` seconds, as an orchestrator stops a group; (seconds until no process of the
-    group was left, None past ``grace``; the processes left then). Returns once every node
-    process is reaped."""
-    began = time.monotonic()
+def terminate_each(group: list[nodes.Node]) -> None:
+    """SIGTERM to every node process, as an orchestrator's stop sends it."""
     for node in group:
         os.kill(node.proc.pid, signal.SIGTERM)
+
+
+def stop_as_orchestrator(group: list[nodes.Node], grace: float = GRACE, *,
+                         stop: Callable[[list[nodes.Node]], object] = terminate_each,
+                         signalled: Callable[[], None] = lambda: None,
+                         ) -> tuple[float | None, int]:  # fmt: skip
+    """``stop`` (SIGTERM to every node of ``group``; ``scancel`` under Slurm), then
+    ``signalled()``, SIGKILL to what is left after ``grace`` seconds, as an orchestrator stops
+    a group; (seconds until no process of the group was left, None past ``grace``; the
+    processes left then). Returns once every node process is reaped."""
+    began = time.monotonic()
+    stop(group)
     signalled()
     gone = gone_within(group, began, grace)
     left = sum(len(node_pids(node)) for node in group)
@@ -340,14 +342,17 @@ def stop_as_orchestrator(group: list[nodes.Node], grace: float = GRACE, *,
     return gone, left
 
 
-def group_stopped(deployment: Deployment, column: str, grace: float = GRACE) -> Cell:
-    """Row f: SIGTERM to every node of the deployment with requests in flight, SIGKILL to
-    what is left after ``grace`` seconds: every process gone within the grace period, each
-    node's sidecar told (SIGTERM) and gone before its server stopped, every request ended."""
-    cell = Cell("f", column, f"SIGTERM to every node, SIGKILL after {grace:.0f} s")
+def group_stopped(deployment: Deployment, column: str, grace: float = GRACE,
+                  stop: Callable[[list[nodes.Node]], object] = terminate_each,
+                  fault: str = "SIGTERM to every node") -> Cell:  # fmt: skip
+    """Row f: ``stop`` (SIGTERM to every node of the deployment; ``scancel`` under Slurm) with
+    requests in flight, SIGKILL to what is left after ``grace`` seconds: every process gone
+    within the grace period, each node's sidecar told (SIGTERM) and gone before its server
+    stopped, every request ended."""
+    cell = Cell("f", column, f"{fault}, SIGKILL after {grace:.0f} s")
     with loaded(deployment, cell, serves_after=False) as flow:
         # The group goes: the requests in flight are the row's.
-        gone, cell.left = stop_as_orchestrator(deployment.nodes, grace,
+        gone, cell.left = stop_as_orchestrator(deployment.nodes, grace, stop=stop,
                                                signalled=flow.stop_sending)  # fmt: skip
         cell.recovery["every process gone"] = gone
     codes = {node.name: node.proc.returncode for node in deployment.nodes}

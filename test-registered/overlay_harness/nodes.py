@@ -267,6 +267,14 @@ class Node:
 
         return wait_for(answered, timeout, f"{self.name}'s metadata server to answer")
 
+    def pids(self) -> list[int]:
+        """Every live process of the node: those carrying its tag, and the members of its
+        process group (SGLang's titled processes, a scheduler or the DP controller, overwrite
+        the environment the tag is in: ``setproctitle``)."""
+        table = proctree.process_table()
+        members = {pid for pid, _start in proctree.group_members(self.proc.pid, table)}
+        return sorted(members | set(pids_with_tag(self.tag)))
+
     def wait_gone(self, timeout: float = 60.0) -> float:
         """Seconds until no process of the node is left (its tag gone from every process);
         raises past ``timeout``."""
