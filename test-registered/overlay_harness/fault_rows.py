@@ -445,18 +445,20 @@ def group_relaunched(deployment: Deployment, column: str, grace: float = GRACE) 
 KV_IDLE_AGAIN = 30.0
 
 
+def used_tokens(node: nodes.Node) -> int | None:
+    """KV tokens in use on ``node``'s engine over its DP ranks (SGLang's ``/v1/loads``,
+    refreshed by an idle or stalled scheduler too); None when it does not answer."""
+    status, text = node.inside(probes.http_text, node.http_port, node.address,
+                               "/v1/loads?include=core")  # fmt: skip
+    if status != 200:
+        return None
+    return sum(int(load["num_used_tokens"]) for load in json.loads(text)["loads"])
+
+
 def prefill_used_tokens(deployment: Deployment) -> int | None:
-    """KV tokens in use on the metered prefill engines, over every DP rank (SGLang's
-    ``/v1/loads``, refreshed by an idle or stalled scheduler too); None when one does not
-    answer."""
-    total = 0
-    for node in deployment.metered:
-        status, text = node.inside(probes.http_text, node.http_port, node.address,
-                                   "/v1/loads?include=core")  # fmt: skip
-        if status != 200:
-            return None
-        total += sum(int(load["num_used_tokens"]) for load in json.loads(text)["loads"])
-    return total
+    """KV tokens in use on the metered prefill engines; None when one does not answer."""
+    used = [used_tokens(node) for node in deployment.metered]
+    return None if None in used else sum(u for u in used if u is not None)
 
 
 def kv_idle_within(deployment: Deployment, idle: int, since: float) -> float | None:
@@ -478,8 +480,10 @@ def decode_lost(deployment: Deployment, column: str) -> Cell:
     decode = deployment.decode[-1]  # the frontend and the routers run on the first one's host
     idle = prefill_used_tokens(deployment)
     with loaded(deployment, cell, serves_after=False) as flow:
-        in_flight = nodes.wait_for(lambda: (used := prefill_used_tokens(deployment)) and used,
-                                   RECOVERY_DEADLINE, "KV in use on the prefill")  # fmt: skip
+        # Requests holding KV on the decode engine: pages it received, or is receiving.
+        in_flight = nodes.wait_for(lambda: used_tokens(decode), RECOVERY_DEADLINE,
+                                   f"KV in use on {decode.name}")  # fmt: skip
+        on_prefill = prefill_used_tokens(deployment)
         fault_at = time.monotonic()
         os.killpg(decode.proc.pid, signal.SIGKILL)
         flow.stop_sending()  # the requests in flight are the row's
@@ -493,7 +497,8 @@ def decode_lost(deployment: Deployment, column: str) -> Cell:
         pass  # served again: ``loaded`` waits for requests after the relaunch
     after = prefill_used_tokens(deployment)
     cell.notes += [
-        f"prefill KV tokens: idle {idle}, at the fault {in_flight}, at the end {after}",
+        f"KV tokens in use at the fault: {in_flight} on {decode.name}, {on_prefill} on the "
+        f"prefill engines (idle {idle}, at the end {after})",
         f"{migrations(deployment)} requests migrated (the frontend's log)",
         f"{relaunched.name} relaunched: exit code of the old one {decode.proc.returncode}",
     ]

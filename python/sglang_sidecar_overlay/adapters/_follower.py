@@ -142,6 +142,7 @@ def failing_on_scheduler_crash(block: Callable[[], None], procs: Any) -> Callabl
             crashed = next((p for p in procs or [] if p.exitcode not in (None, 0)), None)
         if crashed is None:
             return
+        wait_for_own_stop_signal(crashed.exitcode)
         _sglang.reap(p for p in procs or [] if p.exitcode is None)
         message = (
             f"follower node {_sglang.node_rank()}: scheduler process {crashed.pid} "
@@ -151,6 +152,22 @@ def failing_on_scheduler_crash(block: Callable[[], None], procs: Any) -> Callabl
         raise RuntimeError(message)
 
     return block_then_check
+
+
+# How long a scheduler's SIGTERM waits for the node's own before it counts as a crash.
+STOP_SIGNAL_GRACE = 2.0
+
+
+def wait_for_own_stop_signal(exitcode: int, grace: float = STOP_SIGNAL_GRACE) -> None:
+    """A scheduler ended by SIGTERM: wait up to ``grace`` seconds for the node's own SIGTERM.
+
+    An orchestrator may signal every process of the node at once (Slurm's ``scancel`` signals
+    each process of the job step): the scheduler can end before this process gets its signal,
+    whose handler (:func:`stop_server_before_signals`) then ends the node as a stop, not a
+    crash. A scheduler SIGTERMed alone is still a crash once ``grace`` has passed.
+    """
+    if exitcode == -signal.SIGTERM:
+        threading.Event().wait(grace)
 
 
 def _first_crash(procs: list[Any]) -> Any | None:
