@@ -23,6 +23,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+import dev_paths
 from envs import ROOT, find_wheel, log
 from validate import column_session
 
@@ -55,11 +56,13 @@ def main(argv: list[str] | None = None) -> int:
     session = column_session("overlay", find_wheel(args.wheel_dir))
     with tempfile.TemporaryDirectory(prefix="slurm-result-") as tmp:
         out = Path(tmp) / "result.json"
-        # From test-registered, ``python -m`` finds the harness there.
+        # From test-registered, ``python -m`` finds the harness there; the guide's renderer
+        # (``slurm_guide``, shared with the unit tier) is this folder's.
         command = [str(session.env / "bin" / "python"), "-m", "overlay_harness.slurm_job",
                    "--out", str(out), "--keep-logs", str(args.logs)]  # fmt: skip
         log(f"slurm: deployment 2 by the guide's script, in {session.env.name}")
-        code = subprocess.run(command, env=session.environ(None),
+        environ = dev_paths.child_environ(dev_paths.SCRIPTS, environ=session.environ(None))
+        code = subprocess.run(command, env=environ,
                               cwd=ROOT / "test-registered").returncode  # fmt: skip
         result = json.loads(out.read_text()) if out.exists() else {}
     for problem in result.get("problems", []):

@@ -15,18 +15,16 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import os
 import re
 import signal
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 from sglang_sidecar_overlay.sidecar import proctree
 
-from overlay_harness import dynamo, kv_events, load, nodes, probes, seed_checks
+from overlay_harness import dynamo, kv_events, load, nodes, seed_checks
 from overlay_harness.deployments import Deployment
 
 # Requests served before the fault: the load is warm, every client has been answered.
@@ -77,14 +75,16 @@ class Cell:
             self.problems.append(problem)
 
     def summary(self) -> str:
-        recovery = ", ".join(f"{name} {_seconds(value)}" for name, value in self.recovery.items())
+        recovery = ", ".join(
+            f"{name} {seconds_or_never(value)}" for name, value in self.recovery.items()
+        )
         return (f"{self.row} ({self.column}): {self.sent} sent, {self.succeeded} served, "
                 f"{self.failed} failed, {self.hung} hung; {recovery}; left {self.left}; "
                 f"first error: {self.first_error}; notes: {self.notes}; "
                 f"problems: {self.problems}")  # fmt: skip
 
 
-def _seconds(value: float | None) -> str:
+def seconds_or_never(value: float | None) -> str:
     return "never" if value is None else f"{value:.1f} s"
 
 
@@ -217,14 +217,18 @@ def follower_relay_killed(deployment: Deployment, column: str, *, restarts: bool
             again = routed_again(deployment, rank1)
             cell.notes.append(f"after the restart, rank 1 targeted {again.passed}/"
                               f"{again.requests}")  # fmt: skip
-            cell.expect(back is not None and back <= RELAY_BACK, f"relay back {_seconds(back)}")
+            cell.expect(
+                back is not None and back <= RELAY_BACK, f"relay back {seconds_or_never(back)}"
+            )
             cell.expect(scored is not None, "rank 1's new blocks never scored")
             cell.expect(again.passed == again.requests, f"rank 1 targeted: {again.failures[:3]}")
         else:
             flow.stop_sending()  # the group goes: the requests in flight are the row's
             gone = cell.recovery["group gone"] = gone_within(deployment.nodes, fault_at)
             cell.left = sum(len(node_pids(node)) for node in deployment.nodes)
-            cell.expect(gone is not None and gone <= GROUP_GONE, f"group gone {_seconds(gone)}")
+            cell.expect(
+                gone is not None and gone <= GROUP_GONE, f"group gone {seconds_or_never(gone)}"
+            )
     if restarts:
         cell.expect(cell.failed == 0, f"{cell.failed} failed: {cell.first_error}")
     cell.expect(cell.hung == 0, f"{cell.hung} hung")
@@ -261,7 +265,7 @@ def serving_sidecar_killed(deployment: Deployment, column: str) -> Cell:
     measured = flow.measured()
     cell.recovery["served by the engine"] = measured.first_served_after(fault_at, {fresh})
     cell.recovery["served by the other engine"] = measured.first_served_after(fault_at, others)
-    cell.expect(back is not None and back <= ENGINE_BACK, f"engine back {_seconds(back)}")
+    cell.expect(back is not None and back <= ENGINE_BACK, f"engine back {seconds_or_never(back)}")
     cell.expect(cell.recovery.get("rank 0 scored") is not None, "its ranks never scored again")
     cell.expect(cell.failed == 0, f"{cell.failed} failed: {cell.first_error}")
     cell.expect(cell.hung == 0, f"{cell.hung} hung")
@@ -367,147 +371,6 @@ def group_stopped(deployment: Deployment, column: str, grace: float = GRACE,
     return cell
 
 
-def incarnation_id(node: nodes.Node) -> str | None:
-    """The node's ``GetServerInfo`` incarnation id; None where it reports none (stock)."""
-    with contextlib.suppress(Exception):
-        return (node.server_info().get("incarnation") or {}).get("id")
-    return None
-
-
-def cached_prompt(deployment: Deployment, target: seed_checks.Target) -> list[int] | None:
-    """A new prompt pinned to ``target`` and served there; None when the router never scored
-    it there (its events do not reach the router: stock's follower)."""
-    prompt = kv_events.prompt(seed_checks.INPUT_TOKENS)
-    (reply,) = deployment.frontend.generate_many([prompt], 1, 1, dynamo.pin(target))
-    targets = list(deployment.router.target_scores(prompt))
-    seen = seed_checks.events_seen(deployment.router, prompt, (target,), targets, SCORE_ATTEMPT)
-    return prompt if "error" not in reply and seen is None else None
-
-
-def relaunched_targets(deployment: Deployment, old: set[int]) -> list[seed_checks.Target]:
-    """The router's targets once it knows ``deployment.targets`` of workers not in ``old``."""
-    probe = kv_events.prompt()
-
-    def fresh() -> list[seed_checks.Target]:
-        targets = [t for t in deployment.router.target_scores(probe) if t[0] not in old]
-        return sorted(targets) if len(targets) == deployment.targets else []
-
-    return nodes.wait_for(fresh, RECOVERY_DEADLINE, "the relaunched group's targets")
-
-
-def group_relaunched(deployment: Deployment, column: str, grace: float = GRACE) -> Cell:
-    """Row e (deployment 2): the orchestrator relaunches the whole group under load: stopped
-    as in row f, then every node started again from its launch while the frontend and the
-    routers run on. Every node comes back with a new incarnation; the router drops the old
-    launch's workers and scores none of its blocks (a prompt cached before the relaunch,
-    scored anywhere after it, would send its unpinned repeats to blocks that are gone: a stale
-    routing decision); the targeted checks pass on the relaunched group, which serves the
-    load again."""
-    cell = Cell("e", column, "every node stopped (SIGTERM) and launched again")
-    old_targets = seed_checks.registered_targets(deployment.router, deployment.targets)
-    before = {node.name: incarnation_id(node) for node in deployment.nodes}
-    with loaded(deployment, cell, serves_after=False) as flow:
-        cached = [cached_prompt(deployment, target) for target in old_targets]
-        fault_at = time.monotonic()
-        gone, cell.left = stop_as_orchestrator(deployment.nodes, grace,
-                                               signalled=flow.stop_sending)  # fmt: skip
-    cell.recovery["group gone"] = gone
-    deployment.relaunch(list(deployment.nodes))
-    cell.recovery["group ready again"] = time.monotonic() - fault_at
-    targets = relaunched_targets(deployment, {worker for worker, _ in old_targets})
-    cell.recovery["router knows the new workers"] = time.monotonic() - fault_at
-    after = {node.name: incarnation_id(node) for node in deployment.nodes}
-    lingering = {w for w, _ in deployment.router.target_scores(kv_events.prompt())} & {
-        w for w, _ in old_targets
-    }
-    scored = [deployment.router.target_scores(p) for p in cached if p is not None]
-    stale = [scores for scores in scored if any(scores.values())]
-    again = seed_checks.targeted(deployment.frontend, deployment.router,
-                                 seed_checks.aggregated_pins(targets), targets)  # fmt: skip
-    with loaded(deployment, cell) as flow:
-        flow.wait_served(AFTER_REQUESTS, AFTER_DEADLINE)
-    cell.notes += [
-        f"incarnations {before} then {after}",
-        f"stale routing: {len(stale)} of {sum(p is not None for p in cached)} prompts cached "
-        f"before the relaunch scored after it; old workers still known: {sorted(lingering)}",
-        f"targeted on the relaunched group {again.passed}/{again.requests}",
-    ]
-    renewed = all(after[name] not in (None, before[name]) for name in after)
-    cell.expect(renewed, f"incarnations {before} then {after}")
-    cell.expect(not stale and not lingering, f"{len(stale)} stale, old workers {lingering}")
-    cell.expect(again.passed == again.requests, f"targeted: {again.failures[:3]}")
-    cell.expect(gone is not None, f"processes left after {grace:.0f} s: {cell.left}")
-    cell.expect(cell.hung == 0, f"{cell.hung} hung")
-    return cell
-
-
-# Row h: how soon the prefill's KV cache must hold no more than it did idle.
-KV_IDLE_AGAIN = 30.0
-
-
-def used_tokens(node: nodes.Node) -> int | None:
-    """KV tokens in use on ``node``'s engine over its DP ranks (SGLang's ``/v1/loads``,
-    refreshed by an idle or stalled scheduler too); None when it does not answer."""
-    status, text = node.inside(probes.http_text, node.http_port, node.address,
-                               "/v1/loads?include=core")  # fmt: skip
-    if status != 200:
-        return None
-    return sum(int(load["num_used_tokens"]) for load in json.loads(text)["loads"])
-
-
-def prefill_used_tokens(deployment: Deployment) -> int | None:
-    """KV tokens in use on the metered prefill engines; None when one does not answer."""
-    used = [used_tokens(node) for node in deployment.metered]
-    return None if None in used else sum(u for u in used if u is not None)
-
-
-def kv_idle_within(deployment: Deployment, idle: int, since: float) -> float | None:
-    """Seconds from ``since`` until the prefill engines hold no more KV tokens than ``idle``;
-    None past the recovery deadline."""
-    with contextlib.suppress(AssertionError):
-        nodes.wait_for(lambda: (used := prefill_used_tokens(deployment)) is not None
-                       and used <= idle, RECOVERY_DEADLINE, "")  # fmt: skip
-        return time.monotonic() - since
-    return None
-
-
-def decode_lost(deployment: Deployment, column: str) -> Cell:
-    """Row h (deployment 3): the last decode engine SIGKILLed with transfers in flight, then
-    relaunched, the prefill engines running on. Their KV usage is back at its idle level within
-    ``KV_IDLE_AGAIN`` seconds (nothing held for the lost decode), and requests after the
-    relaunch are served."""
-    cell = Cell("h", column, "a decode engine SIGKILLed with transfers in flight, relaunched")
-    decode = deployment.decode[-1]  # the frontend and the routers run on the first one's host
-    idle = prefill_used_tokens(deployment)
-    with loaded(deployment, cell, serves_after=False) as flow:
-        # Requests holding KV on the decode engine: pages it received, or is receiving.
-        in_flight = nodes.wait_for(lambda: used_tokens(decode), RECOVERY_DEADLINE,
-                                   f"KV in use on {decode.name}")  # fmt: skip
-        on_prefill = prefill_used_tokens(deployment)
-        fault_at = time.monotonic()
-        os.killpg(decode.proc.pid, signal.SIGKILL)
-        flow.stop_sending()  # the requests in flight are the row's
-        gone = cell.recovery["decode gone"] = gone_within([decode], fault_at)
-        cell.left = len(node_pids(decode))
-        back = cell.recovery["prefill KV at idle"] = kv_idle_within(deployment, idle or 0, fault_at)
-    decode.proc.wait(timeout=30)
-    (relaunched,) = deployment.relaunch([decode])
-    cell.recovery["decode relaunched"] = time.monotonic() - fault_at
-    with loaded(deployment, cell):
-        pass  # served again: ``loaded`` waits for requests after the relaunch
-    after = prefill_used_tokens(deployment)
-    cell.notes += [
-        f"KV tokens in use at the fault: {in_flight} on {decode.name}, {on_prefill} on the "
-        f"prefill engines (idle {idle}, at the end {after})",
-        f"{migrations(deployment)} requests migrated (the frontend's log)",
-        f"{relaunched.name} relaunched: exit code of the old one {decode.proc.returncode}",
-    ]
-    cell.expect(back is not None and back <= KV_IDLE_AGAIN, f"prefill KV at idle {_seconds(back)}")
-    cell.expect(gone is not None, f"decode processes left: {cell.left}")
-    cell.expect(cell.hung == 0, f"{cell.hung} hung")
-    return cell
-
-
 # Where a node's log says its sidecar was told to stop (the supervisor's SIGTERM), was stopped,
 # and its server went down, leader and follower, the plugin's lines and the series'
 # (DIFFERENCES.md #2). A node SGLang killed (``kill_process_tree``) logs no server stop: its
@@ -582,7 +445,9 @@ def scheduler_killed(deployment: Deployment, column: str, *, node_index: int) ->
         gone = cell.recovery["failed part gone"] = gone_within(group, fault_at)
         cell.left = sum(len(node_pids(n)) for n in group)
     cell.notes.append(f"exit codes { {n.name: n.proc.poll() for n in group} }")
-    cell.expect(gone is not None and gone <= GROUP_GONE, f"failed part gone {_seconds(gone)}")
+    cell.expect(
+        gone is not None and gone <= GROUP_GONE, f"failed part gone {seconds_or_never(gone)}"
+    )
     cell.expect(cell.hung == 0, f"{cell.hung} hung")
     if single_engine:
         others = {w for w, _ in before} - node_workers(node)
@@ -603,103 +468,3 @@ def node_workers(node: nodes.Node) -> set[int]:
     """Every Dynamo worker id ``node``'s engine was registered under (a restarted sidecar
     registers a new one), by the node's log."""
     return {int(worker) for worker in WORKER_REGISTERED.findall(node.log_text())}
-
-
-# Row g: how long the oracle router stays stopped, the load's window before it, and how soon
-# after the resume its scores must be right again.
-STALL = 10.0
-SCORES_RIGHT_AGAIN = 10.0
-THROUGHPUT_KEPT = 0.9
-ENGINE_ERROR = re.compile(r"Traceback|Scheduler hit an exception|SIGQUIT received")
-# Dynamo's file discovery deletes a key its owner has not touched for 10 s (its etcd lease is
-# as long), and the owner's keep-alive never writes a deleted key again: a process stopped for
-# the whole STALL loses its registrations for good, the router's own endpoints among them. The
-# scores are therefore also measured after a stall the lease survives.
-DISCOVERY_LEASE = 10.0
-SHORT_STALL = 3.0
-REGISTRATION_LOST = "FileStore::keep_alive failed opening owned file"
-
-
-def _stalled(router: dynamo.Router, seconds: float, pinned: seed_checks.Target,
-             frontend: dynamo.Frontend) -> tuple[float, float, list[int], dict]:  # fmt: skip
-    """The router SIGSTOPped for ``seconds`` of load, then a prompt pinned to ``pinned`` (its
-    own process, its own request, after the window), then SIGCONT; (stopped at, the window's
-    end, the prompt, its reply)."""
-    stopped_at = time.monotonic()
-    os.killpg(router.proc.pid, signal.SIGSTOP)
-    try:
-        threading.Event().wait(seconds)
-        window_end = time.monotonic()
-        prompt = kv_events.prompt(seed_checks.INPUT_TOKENS)
-        (reply,) = frontend.generate_many([prompt], 1, 1, dynamo.pin(pinned))
-    finally:
-        os.killpg(router.proc.pid, signal.SIGCONT)
-    return stopped_at, window_end, prompt, reply
-
-
-def _scores_right(router: dynamo.Router, prompt: list[int], target: seed_checks.Target,
-                  targets: list[seed_checks.Target]) -> float | None:  # fmt: skip
-    """Seconds from now until ``router`` scores ``prompt`` on ``target`` alone; None past
-    ``SCORES_RIGHT_AGAIN``."""
-    began = time.monotonic()
-    unseen = seed_checks.events_seen(router, prompt, (target,), targets, SCORES_RIGHT_AGAIN)
-    return time.monotonic() - began if unseen is None else None
-
-
-def consumer_stalled(deployment: Deployment, column: str) -> Cell:
-    """Row g (deployment 1): Dynamo's standalone router, a KV-event subscriber off the request
-    path, SIGSTOPped while the load runs, then resumed. First for ``SHORT_STALL`` seconds,
-    under Dynamo's discovery lease: a prompt pinned during the stall is scored on its target
-    within ``SCORES_RIGHT_AGAIN`` seconds of the resume. Then for ``STALL`` seconds: the
-    engines' generated tokens per second over the stall stay at least ``THROUGHPUT_KEPT`` of
-    the ``STALL`` seconds before it, and the scores are right again after it too, unless the
-    router lost its discovery registrations (Dynamo's, named in the cell). No engine logs an
-    error."""
-    cell = Cell("g", column, f"the standalone router SIGSTOPped for {SHORT_STALL:.0f} s, "
-                             f"then for {STALL:.0f} s")  # fmt: skip
-    targets = seed_checks.registered_targets(deployment.router, deployment.targets)
-    router, frontend = deployment.router, deployment.frontend
-    logged = {node.name: len(node.log_text()) for node in deployment.nodes}
-    with loaded(deployment, cell) as flow:
-        router_logged = len(router.log_text())
-        _at, _end, prompt, short_reply = _stalled(router, SHORT_STALL, targets[0], frontend)
-        short = cell.recovery[f"scores right after {SHORT_STALL:.0f} s"] = _scores_right(
-            router, prompt, targets[0], targets
-        )
-        lost_short = REGISTRATION_LOST in router.log_text()[router_logged:]
-        # A whole window of steady load after the short stall, to compare the stall with.
-        threading.Event().wait(STALL)
-        router_logged = len(router.log_text())
-        stopped_at, window_end, prompt, reply = _stalled(router, STALL, targets[1], frontend)
-        right = cell.recovery[f"scores right after {STALL:.0f} s"] = _scores_right(
-            router, prompt, targets[1], targets
-        )
-    measured = flow.measured()
-    before = measured.token_rate(stopped_at - STALL, stopped_at)
-    during = measured.token_rate(stopped_at, window_end)
-    ratio = during / before if before else 0.0
-    cell.notes.append(f"tokens/s before {before:.1f}, during the stall {during:.1f} ({ratio:.2f}×)")
-    errors = [f"{node.name}: {line.strip()[:160]}" for node in deployment.nodes
-              for line in node.log_text()[logged[node.name]:].splitlines()
-              if ENGINE_ERROR.search(line)]  # fmt: skip
-    lost = REGISTRATION_LOST in router.log_text()[router_logged:]
-    cell.notes.append(
-        f"pinned during the stalls: {'error' not in short_reply and 'error' not in reply}"
-    )
-    for stall, expired in ((SHORT_STALL, lost_short), (STALL, lost)):
-        if expired:
-            cell.notes.append(
-                f"Dynamo: the stalled router's discovery registrations expired during the "
-                f"{stall:.0f} s stall (its {DISCOVERY_LEASE:.0f} s lease, counted from its last "
-                f"refresh) and were never written again (its log: '{REGISTRATION_LOST}'), so "
-                f"nothing reaches it after the resume"
-            )
-    cell.expect(short is not None or lost_short, f"scores not right within "
-                f"{SCORES_RIGHT_AGAIN:.0f} s of a {SHORT_STALL:.0f} s stall's end")  # fmt: skip
-    cell.expect(ratio >= THROUGHPUT_KEPT, f"throughput during the stall {ratio:.2f}× before")
-    cell.expect(right is not None or lost,
-                f"scores not right within {SCORES_RIGHT_AGAIN:.0f} s of the resume")  # fmt: skip
-    cell.expect(not errors, f"engine errors: {errors[:2]}")
-    cell.expect(cell.failed == 0, f"{cell.failed} failed: {cell.first_error}")
-    cell.expect(cell.hung == 0, f"{cell.hung} hung")
-    return cell

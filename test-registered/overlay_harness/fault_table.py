@@ -19,7 +19,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from overlay_harness import deployments, fault_rows, gate
+from overlay_harness import deployments, fault_rows, fault_rows_relaunch, fault_rows_stall, gate
 from overlay_harness.deployments import Deployment, Resilience
 from overlay_harness.validation import COLUMNS, failure_lines, record_rows
 
@@ -52,10 +52,10 @@ ROWS: dict[str, Row] = {
               lambda d, c: fault_rows.scheduler_killed(d, c, node_index=0)),
     "d2": Row(2, Resilience("on-failure"),
               lambda d, c: fault_rows.scheduler_killed(d, c, node_index=1)),
-    "e": Row(2, Resilience("on-failure"), fault_rows.group_relaunched),
+    "e": Row(2, Resilience("on-failure"), fault_rows_relaunch.group_relaunched),
     "f": Row(2, Resilience("on-failure"), fault_rows.group_stopped),
-    "g": Row(1, Resilience(), fault_rows.consumer_stalled),
-    "h": Row(3, Resilience("on-failure", MIGRATION_LIMIT), fault_rows.decode_lost),
+    "g": Row(1, Resilience(), fault_rows_stall.consumer_stalled),
+    "h": Row(3, Resilience("on-failure", MIGRATION_LIMIT), fault_rows_relaunch.decode_lost),
 }  # fmt: skip
 
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib.util
 import json
 import os
 import re
@@ -26,8 +25,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from types import ModuleType
 
+import slurm_guide  # scripts/'s, on the path make slurm gives this process
 from sglang_sidecar_overlay import entry_point
 from sglang_sidecar_overlay.sidecar import proctree
 
@@ -35,7 +34,6 @@ from overlay_harness import (
     checks,
     dynamo,
     fault_rows,
-    inside,
     kv_events,
     netns,
     nodes,
@@ -46,7 +44,6 @@ from overlay_harness import (
 from overlay_harness.deployments import ATTENTION_DP, Deployment
 from overlay_harness.group import CPU_ARGS, OMP_THREADS_BIND, PAGE_SIZE, PLATFORM, TINY_MODEL
 
-RENDERER = inside.HARNESS_ROOT.parent / "scripts" / "slurm_guide.py"
 NNODES = 2
 READY_DEADLINE = nodes.NODE_READY_DEADLINE
 DEPLOYMENT = "attention DP aggregate under Slurm: TP2/attention-DP2, 2 nodes"
@@ -57,19 +54,10 @@ TASK_END = re.compile(
 TASK_CODES = {"Terminated": -15, "Killed": -9}
 
 
-def renderer() -> ModuleType:
-    """``scripts/slurm_guide.py``, loaded from its file (``scripts/`` is not a package)."""
-    spec = importlib.util.spec_from_file_location("slurm_guide", RENDERER)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
-def cpu_changes(guide: ModuleType, tokenizer_path: Path, etcd: str) -> list:
+def cpu_changes(tokenizer_path: Path, etcd: str) -> list:
     """What this machine changes in the guide's script (``slurm_guide.cpu_changes``)."""
     model = ["--model-path", str(TINY_MODEL), *CPU_ARGS, "--tokenizer-path", str(tokenizer_path)]
-    return guide.cpu_changes(model, ATTENTION_DP[:4], etcd)
+    return slurm_guide.cpu_changes(model, ATTENTION_DP[:4], etcd)
 
 
 CPU_EXPORTS = {"SGLANG_PLATFORM": PLATFORM, "SGLANG_CPU_OMP_THREADS_BIND": OMP_THREADS_BIND,
@@ -190,14 +178,13 @@ def router_environ(etcd: str) -> dict[str, str]:
             "DYN_LOG": "info", "NO_COLOR": "1"}  # fmt: skip
 
 
-def write_script(workdir: Path, cluster: slurm.Cluster) -> tuple[str, ModuleType]:
+def write_script(workdir: Path, cluster: slurm.Cluster) -> str:
     """The guide's script rendered for this cluster, written to ``workdir/job.sh``."""
-    guide = renderer()
     tokenizer_path = tokenizer.build(TINY_MODEL, workdir / "tokenizer")
-    changes = cpu_changes(guide, tokenizer_path, cluster.etcd_endpoint)
-    script = guide.render(guide.guide_script(), changes, CPU_EXPORTS)
+    changes = cpu_changes(tokenizer_path, cluster.etcd_endpoint)
+    script = slurm_guide.render(slurm_guide.guide_script(), changes, CPU_EXPORTS)
     (workdir / "job.sh").write_text(script)
-    return script, guide
+    return script
 
 
 def submit(cluster: slurm.Cluster, workdir: Path) -> str:
@@ -208,8 +195,8 @@ def submit(cluster: slurm.Cluster, workdir: Path) -> str:
     return proc.stdout.strip().split(";")[0]
 
 
-def frontend_port(guide: ModuleType, script: str) -> int:
-    _srun, args = guide.step_argv(script, guide.FRONTEND, {})
+def frontend_port(script: str) -> int:
+    _srun, args = slurm_guide.step_argv(script, slurm_guide.FRONTEND, {})
     return int(args[args.index("--http-port") + 1])
 
 
@@ -217,13 +204,13 @@ def bring_up(stack: contextlib.ExitStack, cluster: slurm.Cluster, workdir: Path,
              result: dict) -> Deployment:  # fmt: skip
     """Submit the guide's script and wait for deployment 2 to serve through its frontend;
     ``result`` gets the times, the memory and what each node ran."""
-    script, guide = write_script(workdir, cluster)
+    script = write_script(workdir, cluster)
     began = time.monotonic()
     job = result["job"] = submit(cluster, workdir)
-    follower = StepNode(cluster, job, workdir, 1, guide.launch_argv(script, 1, "n0"))
-    leader = StepNode(cluster, job, workdir, 0, guide.launch_argv(script, 0, "n0"))
+    follower = StepNode(cluster, job, workdir, 1, slurm_guide.launch_argv(script, 1, "n0"))
+    leader = StepNode(cluster, job, workdir, 0, slurm_guide.launch_argv(script, 0, "n0"))
     for node in (leader, follower):
-        if node.executed() != guide.launch_argv(script, node.node_rank, "n0"):
+        if node.executed() != slurm_guide.launch_argv(script, node.node_rank, "n0"):
             result["problems"].append(f"{node.name} runs {node.executed()}, not the script's")
     router = dynamo.Router(leader.host, PAGE_SIZE, workdir / "router.log",
                            environ=router_environ(cluster.etcd_endpoint))  # fmt: skip
@@ -231,7 +218,7 @@ def bring_up(stack: contextlib.ExitStack, cluster: slurm.Cluster, workdir: Path,
     nodes.wait_for(lambda: targets_known(router, follower), READY_DEADLINE,
                    "the router to score both ranks")  # fmt: skip
     targets = seed_checks.registered_targets(router, NNODES)
-    frontend = StepFrontend(leader, frontend_port(guide, script), workdir / f"frontend-{job}.log",
+    frontend = StepFrontend(leader, frontend_port(script), workdir / f"frontend-{job}.log",
                             job)  # fmt: skip
     frontend.wait_for_model()
     result["sbatch to ready (s)"] = round(time.monotonic() - began, 1)
