@@ -159,12 +159,12 @@ STOP_SIGNAL_GRACE = 2.0
 
 
 def wait_for_own_stop_signal(exitcode: int, grace: float = STOP_SIGNAL_GRACE) -> None:
-    """A scheduler ended by SIGTERM: wait up to ``grace`` seconds for the node's own SIGTERM.
+    """A scheduler ended by SIGTERM: wait up to ``grace`` seconds for the node's own stop.
 
     An orchestrator may signal every process of the node at once (Slurm's ``scancel`` signals
-    each process of the job step): the scheduler can end before this process gets its signal,
-    whose handler (:func:`stop_server_before_signals`) then ends the node as a stop, not a
-    crash. A scheduler SIGTERMed alone is still a crash once ``grace`` has passed.
+    each process of the job step): the scheduler can end before this process's own signal
+    handler, or the sidecar's exit and SIGQUIT, ends the node as a stop rather than a crash.
+    A scheduler SIGTERMed alone is still a crash once ``grace`` has passed.
     """
     if exitcode == -signal.SIGTERM:
         threading.Event().wait(grace)
