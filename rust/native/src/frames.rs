@@ -63,3 +63,68 @@ impl<F: FrameFilter> http_body::Body for Filtered<F> {
         !self.filter.holds_back() && self.inner.is_end_stream()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use http_body::Body as _;
+    use http_body_util::{BodyExt, Full};
+
+    use super::*;
+
+    /// Passes the first `keep` bytes of a chunk, then holds the refusal for the next poll.
+    struct KeepThenRefuse {
+        keep: usize,
+        pending: Option<Status>,
+    }
+
+    impl FrameFilter for KeepThenRefuse {
+        fn frame(&mut self, frame: Frame<Bytes>) -> Result<Frame<Bytes>, Status> {
+            let data = frame.into_data().expect("a data frame");
+            self.pending = Some(Status::resource_exhausted("past the limit"));
+            Ok(Frame::data(data.slice(..self.keep)))
+        }
+
+        fn held_back(&mut self) -> Option<Status> {
+            self.pending.take()
+        }
+
+        fn holds_back(&self) -> bool {
+            self.pending.is_some()
+        }
+    }
+
+    struct Refuse;
+
+    impl FrameFilter for Refuse {
+        fn frame(&mut self, _frame: Frame<Bytes>) -> Result<Frame<Bytes>, Status> {
+            Err(Status::invalid_argument("refused"))
+        }
+    }
+
+    fn body(text: &'static str) -> Body {
+        Body::new(Full::new(Bytes::from_static(text.as_bytes())))
+    }
+
+    #[tokio::test]
+    async fn a_held_back_refusal_comes_after_the_part_passed_on() {
+        let filter = KeepThenRefuse {
+            keep: 3,
+            pending: None,
+        };
+        let mut filtered = Filtered::new(body("abcdef"), filter);
+        let first = filtered.frame().await.unwrap().unwrap();
+        assert_eq!(first.into_data().unwrap(), Bytes::from_static(b"abc"));
+        // The wrapped body is done, but the refusal is still to come.
+        assert!(!filtered.is_end_stream());
+        let refusal = filtered.frame().await.unwrap().unwrap_err();
+        assert_eq!(refusal.code(), tonic::Code::ResourceExhausted);
+        assert!(filtered.frame().await.is_none());
+    }
+
+    #[tokio::test]
+    async fn a_refused_frame_ends_the_stream_with_the_status() {
+        let mut filtered = Filtered::new(body("x"), Refuse);
+        let refusal = filtered.frame().await.unwrap().unwrap_err();
+        assert_eq!(refusal.code(), tonic::Code::InvalidArgument);
+    }
+}
