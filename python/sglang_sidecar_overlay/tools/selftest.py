@@ -27,7 +27,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, TextIO
 
 from sglang_sidecar_overlay.contract.events import (
     REPLAY_END_SEQ,
@@ -39,6 +39,8 @@ from sglang_sidecar_overlay.contract.events import (
 from sglang_sidecar_overlay.contract.incarnation import Incarnation
 from sglang_sidecar_overlay.tools import probe
 from sglang_sidecar_overlay.tools.probe.checks import describe_incarnation
+from sglang_sidecar_overlay.tools.probe.report import finding_lines
+from sglang_sidecar_overlay.tools.report import Report, print_lines
 
 logger = logging.getLogger(__name__)
 
@@ -67,7 +69,7 @@ class Check:
 
 
 @dataclasses.dataclass
-class SelftestReport:
+class SelftestReport(Report):
     """All steps in order plus the probe report of step 4."""
 
     checks: list[Check] = dataclasses.field(default_factory=list)
@@ -90,6 +92,21 @@ class SelftestReport:
             "checks": [check.to_json() for check in self.checks],
             "probe": None if self.probe is None else self.probe.to_json(),
         }
+
+    def render(self, out: TextIO) -> None:
+        """A line per check, the probe's own lines, then ``PASS (n/m checks passed)``."""
+        print(
+            "selftest: follower metadata server fed by stand-in publishers "
+            f"(ranks {', '.join(str(rank) for rank in LOCAL_RANKS)}), no GPU",
+            file=out,
+        )
+        print_lines([("ok" if c.ok else "error", c.name, c.detail) for c in self.checks], out)
+        if self.probe is not None and self.probe.error is None:
+            print(f"probe {self.target}:", file=out)
+            print_lines(finding_lines(self.probe.findings), out, indent="    ")
+        passed = sum(1 for check in self.checks if check.ok)
+        word = "PASS" if self.ok else "FAIL"
+        print(f"{word} ({passed}/{len(self.checks)} checks passed)", file=out)
 
 
 class StandInPublisher:
@@ -231,14 +248,41 @@ def node_snapshot(
         )
         for pub in publishers
     ]
-    first_port = int(publishers[0].bound_endpoint.rsplit(":", 1)[1])
+    launch_command = (
+        "python -m sglang.launch_server --model-path selftest/stand-in --nnodes 2 "
+        f"--node-rank 1 --tp 4 --dp 4 --enable-dp-attention --api-key {SECRET}"
+    )
+    return build_server_info(
+        _server_args(node_rank),
+        _scheduler_info(),
+        incarnation=Incarnation.new() if incarnation is None else incarnation,
+        launch_command=launch_command,
+        kv_events=_kv_events(publishers[0], block_size),
+        kv_event_sources=[source for source in sources if source is not None],
+        legacy_dp_size=legacy_dp_size,
+    )
+
+
+def _scheduler_info() -> dict[str, Any]:
+    """What the simulated node's schedulers report once ready (this process stands in)."""
+    return {
+        "status": "ready",
+        "max_total_num_tokens": 65536,
+        "max_req_input_len": 8192,
+        "startup_time": 0.0,
+        "scheduler_pids": [os.getpid()],
+    }
+
+
+def _server_args(node_rank: int) -> dict[str, Any]:
+    """The simulated launch: 2 nodes, TP 4, attention-DP 4, wildcard KV-event binds."""
     kv_events_config = {
         "publisher": "zmq",
         "endpoint": "tcp://*:0",
         "replay_endpoint": "tcp://*:0",
         "topic": TOPIC,
     }
-    server_args = {
+    return {
         "model_path": "selftest/stand-in",
         "host": "127.0.0.1",
         "grpc_port": 0,
@@ -254,35 +298,20 @@ def node_snapshot(
         "kv_events_config": json.dumps(kv_events_config),
         "api_key": SECRET,
     }
-    scheduler_info = {
-        "status": "ready",
-        "max_total_num_tokens": 65536,
-        "max_req_input_len": 8192,
-        "startup_time": 0.0,
-        "scheduler_pids": [os.getpid()],
-    }
-    # Ephemeral ports are not base + rank; only block_size and dp_size are meaningful here.
-    kv_events = {
+
+
+def _kv_events(first: StandInPublisher, block_size: int) -> dict[str, Any]:
+    """The node's ``kv_events`` summary. Ephemeral ports are not base + rank; only block_size
+    and dp_size are meaningful here."""
+    first_port = int(first.bound_endpoint.rsplit(":", 1)[1])
+    return {
         "publisher": "zmq",
         "endpoint_host": "*",
-        "endpoint_port_base": first_port - publishers[0].dp_rank,
+        "endpoint_port_base": first_port - first.dp_rank,
         "topic": TOPIC,
         "block_size": block_size,
         "dp_size": 4,
     }
-    launch_command = (
-        "python -m sglang.launch_server --model-path selftest/stand-in --nnodes 2 "
-        f"--node-rank 1 --tp 4 --dp 4 --enable-dp-attention --api-key {SECRET}"
-    )
-    return build_server_info(
-        server_args,
-        scheduler_info,
-        incarnation=Incarnation.new() if incarnation is None else incarnation,
-        launch_command=launch_command,
-        kv_events=kv_events,
-        kv_event_sources=[source for source in sources if source is not None],
-        legacy_dp_size=legacy_dp_size,
-    )
 
 
 @contextlib.contextmanager
@@ -359,22 +388,40 @@ def _run_steps(
     host: str,
     listen_timeout: float,
 ) -> None:
-    from sglang_sidecar_overlay.contract.server_info import (
-        legacy_dp_size_enabled,
-        render_server_info,
-    )
-
     described = ", ".join(
         f"rank {pub.dp_rank} {pub.bound_endpoint} (replay {pub.bound_replay_endpoint})"
         for pub in publishers
     )
     report.add("publishers bound", True, described)
+    built = _build_step(report, publishers)
+    if built is None:
+        return
+    info, text, legacy = built
+    _history_step(report, publishers)
+    with native.start_metadata_server(host, 0, text) as server:
+        target = probe.grpc_target(server.host, server.port)
+        report.target = target
+        server.set_serving(True)
+        report.add("metadata server", server.is_alive(), f"serving on {target}")
+        _probe_step(report, publishers, target, info, listen_timeout)
+        _group_step(report, native, context, target, host, legacy)
+        _health_and_shutdown_steps(report, server, target)
+
+
+def _build_step(
+    report: SelftestReport, publishers: list[StandInPublisher]
+) -> tuple[dict[str, Any], str, bool] | None:
+    """Build the follower's server info; (info, its JSON text, legacy dp_size) or None."""
+    from sglang_sidecar_overlay.contract.server_info import (
+        legacy_dp_size_enabled,
+        render_server_info,
+    )
 
     try:
         legacy = legacy_dp_size_enabled()
     except ValueError as exc:
         report.add("server info built", False, str(exc))
-        return
+        return None
     launch = Incarnation.new()
     info = node_snapshot(publishers, legacy_dp_size=legacy, incarnation=launch)
     text = render_server_info(info)
@@ -388,7 +435,7 @@ def _run_steps(
         ports_ok and loopback,
         f"{len(text)} bytes, sources {advertised} (wildcard binds advertised on loopback)",
     ):
-        return
+        return None
     report.add(
         "incarnation",
         info.get("incarnation") == launch.to_json(),
@@ -399,8 +446,11 @@ def _run_steps(
         SECRET not in text,
         "api_key and --api-key hidden" if SECRET not in text else "the API key leaked",
     )
+    return info, text, legacy
 
-    # History the probe must get back through replay, published before it subscribes.
+
+def _history_step(report: SelftestReport, publishers: list[StandInPublisher]) -> None:
+    """History the probe must get back through replay, published before it subscribes."""
     for pub in publishers:
         for index in range(_HISTORY_BATCHES):
             pub.publish([index * 100 + pub.dp_rank])
@@ -409,30 +459,26 @@ def _run_steps(
     )
     report.add("history published", history_ok, f"{_HISTORY_BATCHES} batches per rank")
 
-    with native.start_metadata_server(host, 0, text) as server:
-        target = probe.grpc_target(server.host, server.port)
-        report.target = target
-        server.set_serving(True)
-        report.add("metadata server", server.is_alive(), f"serving on {target}")
-        _probe_step(report, publishers, target, info, listen_timeout)
-        _group_step(report, native, context, target, host, legacy)
-        server.set_serving(False)
-        health = probe.read_health(target, timeout=5)
-        report.add(
-            "health follows schedulers",
-            health["status"] == "NOT_SERVING",
-            f"after set_serving(False): {health['status']}",
-        )
-        server.shutdown()
-        stopped = _wait_for(lambda: not server.is_alive(), timeout=5)
-        try:
-            probe.fetch_server_info(target, timeout=2)
-            released = False
-            detail = "still answering after shutdown"
-        except probe.ProbeError as exc:
-            released = exc.kind == "unreachable"
-            detail = f"after shutdown: {exc.kind}"
-        report.add("shutdown", stopped and released, detail)
+
+def _health_and_shutdown_steps(report: SelftestReport, server: Any, target: str) -> None:
+    """Health follows set_serving(False); shutdown stops the server and releases the port."""
+    server.set_serving(False)
+    health = probe.read_health(target, timeout=5)
+    report.add(
+        "health follows schedulers",
+        health["status"] == "NOT_SERVING",
+        f"after set_serving(False): {health['status']}",
+    )
+    server.shutdown()
+    stopped = _wait_for(lambda: not server.is_alive(), timeout=5)
+    try:
+        probe.fetch_server_info(target, timeout=2)
+        released = False
+        detail = "still answering after shutdown"
+    except probe.ProbeError as exc:
+        released = exc.kind == "unreachable"
+        detail = f"after shutdown: {exc.kind}"
+    report.add("shutdown", stopped and released, detail)
 
 
 def _group_step(

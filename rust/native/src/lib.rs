@@ -4,6 +4,7 @@
 //! wraps it as `sglang_sidecar_overlay._native` and is compiled only into the wheel.
 
 pub mod address;
+pub mod frames;
 pub mod incoming;
 pub mod limits;
 pub mod reflection;

@@ -30,6 +30,7 @@ use tonic::body::Body;
 use tonic::server::NamedService;
 use tower_service::Service;
 
+use crate::frames::{Filtered, FrameFilter};
 use crate::service::RequestReader;
 
 /// The encoded `FileDescriptorSet` of `proto/sglang/runtime/v1/sglang.proto`.
@@ -144,22 +145,24 @@ where
             MAX_REQUESTS_PER_STREAM,
             self.max_message_bytes,
         );
-        let request = request.map(|inner| CountedRequest {
-            inner,
+        let count = RequestCount {
             reader,
             pending: None,
             refused: refused.clone(),
             _permit: permit.clone(),
-        });
+        };
+        let request = request.map(|inner| Filtered::new(inner, count));
         let reply = self.inner.call(request);
         Box::pin(async move {
             let response = reply.await?;
             Ok(response.map(|inner| {
-                Body::new(RefusableReply {
+                Body::new(Filtered::new(
                     inner,
-                    refused,
-                    _permit: permit,
-                })
+                    RefusableReply {
+                        refused,
+                        _permit: permit,
+                    },
+                ))
             }))
         })
     }
@@ -167,8 +170,10 @@ where
 
 /// A reflection request body that passes messages through until a limit is crossed, then
 /// ends with the refusal (which it also leaves for the reply).
-pub struct CountedRequest {
-    inner: Body,
+pub type CountedRequest = Filtered<RequestCount>;
+
+/// The rule of [`CountedRequest`]: count messages, refuse past the limit.
+pub struct RequestCount {
     reader: RequestReader,
     /// The refusal to give on the next poll, after the accepted part of a chunk.
     pending: Option<Status>,
@@ -176,72 +181,53 @@ pub struct CountedRequest {
     _permit: Arc<OwnedSemaphorePermit>,
 }
 
-impl CountedRequest {
-    fn refuse(&mut self, status: Status) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
+impl RequestCount {
+    fn refuse(&mut self, status: Status) -> Status {
         *self
             .refused
             .lock()
             .unwrap_or_else(|poison| poison.into_inner()) = Some(status.clone());
-        Poll::Ready(Some(Err(status)))
+        status
     }
 }
 
-impl http_body::Body for CountedRequest {
-    type Data = Bytes;
-    type Error = Status;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
-        if let Some(status) = self.pending.take() {
-            return self.refuse(status);
-        }
-        let frame = match Pin::new(&mut self.inner).poll_frame(cx) {
-            Poll::Ready(Some(Ok(frame))) => frame,
-            other => return other,
-        };
+impl FrameFilter for RequestCount {
+    fn frame(&mut self, frame: Frame<Bytes>) -> Result<Frame<Bytes>, Status> {
         let data = match frame.into_data() {
             Ok(data) => data,
-            Err(frame) => return Poll::Ready(Some(Ok(frame))),
+            Err(frame) => return Ok(frame),
         };
         match self.reader.feed_chunk(data.clone()) {
-            Ok(()) => Poll::Ready(Some(Ok(Frame::data(data)))),
+            Ok(()) => Ok(Frame::data(data)),
             Err(refusal) if refusal.accepted > 0 => {
                 self.pending = Some(refusal.status);
-                Poll::Ready(Some(Ok(Frame::data(data.slice(..refusal.accepted)))))
+                Ok(Frame::data(data.slice(..refusal.accepted)))
             }
-            Err(refusal) => self.refuse(refusal.status),
+            Err(refusal) => Err(self.refuse(refusal.status)),
         }
     }
 
-    fn is_end_stream(&self) -> bool {
-        self.pending.is_none() && self.inner.is_end_stream()
+    fn held_back(&mut self) -> Option<Status> {
+        let status = self.pending.take()?;
+        Some(self.refuse(status))
+    }
+
+    fn holds_back(&self) -> bool {
+        self.pending.is_some()
     }
 }
 
-/// The reflection reply, whose final status becomes the request's refusal if there was one.
-/// (tonic-reflection ends the reply normally when its request stream fails.)
+/// The rule of the reflection reply: its final status becomes the request's refusal if there
+/// was one. (tonic-reflection ends the reply normally when its request stream fails.)
 struct RefusableReply {
-    inner: Body,
     refused: Refused,
     _permit: Arc<OwnedSemaphorePermit>,
 }
 
-impl http_body::Body for RefusableReply {
-    type Data = Bytes;
-    type Error = Status;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
-        let frame = match Pin::new(&mut self.inner).poll_frame(cx) {
-            Poll::Ready(Some(Ok(frame))) => frame,
-            other => return other,
-        };
+impl FrameFilter for RefusableReply {
+    fn frame(&mut self, frame: Frame<Bytes>) -> Result<Frame<Bytes>, Status> {
         if !frame.is_trailers() {
-            return Poll::Ready(Some(Ok(frame)));
+            return Ok(frame);
         }
         let refused = self
             .refused
@@ -249,17 +235,13 @@ impl http_body::Body for RefusableReply {
             .unwrap_or_else(|poison| poison.into_inner())
             .take();
         let Some(status) = refused else {
-            return Poll::Ready(Some(Ok(frame)));
+            return Ok(frame);
         };
         let mut trailers = HeaderMap::with_capacity(2);
         match status.add_header(&mut trailers) {
-            Ok(()) => Poll::Ready(Some(Ok(Frame::trailers(trailers)))),
-            Err(_) => Poll::Ready(Some(Ok(frame))),
+            Ok(()) => Ok(Frame::trailers(trailers)),
+            Err(_) => Ok(frame),
         }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
     }
 }
 

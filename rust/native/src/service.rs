@@ -27,6 +27,7 @@ use tonic::body::Body;
 use tonic::server::NamedService;
 use tower_service::Service;
 
+use crate::frames::{Filtered, FrameFilter};
 use crate::proto::{GetServerInfoRequest, GetServerInfoResponse};
 use crate::{GET_SERVER_INFO_PATH, SGLANG_SERVICE};
 
@@ -418,46 +419,31 @@ where
 
     fn call(&mut self, request: Request<Body>) -> S::Future {
         let limit = self.limit;
-        self.inner.call(request.map(|inner| CappedBody {
-            inner,
-            seen: 0,
-            limit,
-        }))
+        self.inner
+            .call(request.map(|inner| Filtered::new(inner, ByteCap { seen: 0, limit })))
     }
 }
 
 /// A request body that fails with RESOURCE_EXHAUSTED once more than `limit` bytes arrived.
-pub struct CappedBody {
-    inner: Body,
+pub type CappedBody = Filtered<ByteCap>;
+
+/// The rule of [`CappedBody`]: count data bytes, refuse past `limit`.
+pub struct ByteCap {
     seen: usize,
     limit: usize,
 }
 
-impl http_body::Body for CappedBody {
-    type Data = Bytes;
-    type Error = Status;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
-        let frame = match Pin::new(&mut self.inner).poll_frame(cx) {
-            Poll::Ready(Some(Ok(frame))) => frame,
-            other => return other,
-        };
+impl FrameFilter for ByteCap {
+    fn frame(&mut self, frame: Frame<Bytes>) -> Result<Frame<Bytes>, Status> {
         if let Some(data) = frame.data_ref() {
             self.seen = self.seen.saturating_add(data.len());
             if self.seen > self.limit {
-                return Poll::Ready(Some(Err(Status::resource_exhausted(format!(
+                return Err(Status::resource_exhausted(format!(
                     "GetServerInfo request body exceeds {} bytes (max_request_bytes)",
                     self.limit
-                )))));
+                )));
             }
         }
-        Poll::Ready(Some(Ok(frame)))
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        Ok(frame)
     }
 }

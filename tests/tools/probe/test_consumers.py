@@ -402,7 +402,7 @@ def test_cli_refuses_unknown_consumers_and_consumer_with_watch() -> None:
     )
     watch = run_cli("probe", "127.0.0.1:1", "--watch", "1", "--consumer", "dynamo")
     assert watch.returncode == 2
-    assert "--watch cannot be combined with --json, --listen or --consumer" in watch.stderr
+    assert "probe: --watch cannot be combined with --listen or --consumer" in watch.stderr
 
 
 # --- a group over the native metadata server ---------------------------------------------------

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import os
 import pty
 import re
@@ -255,6 +256,31 @@ def test_watch_counts_a_relaunch_when_the_incarnation_changes() -> None:
 
 def test_watch_of_a_node_that_is_down_says_so_and_ends_on_time() -> None:
     out = io.StringIO()
-    assert run_watch(["127.0.0.1:1"], out, duration=1.5, interval=0.5, timeout=1, tty=False) == 0
+    report = run_watch(["127.0.0.1:1"], out, duration=1.5, interval=0.5, timeout=1, tty=False)
+    assert report.exit_code() == 0
     lines = out.getvalue().splitlines()
     assert lines and all(" 127.0.0.1:1 health=DOWN error=" in line for line in lines)
+    (node,) = report.to_json()["nodes"]
+    assert node["health"] == "DOWN" and node["error"] and node["ranks"] == []
+
+
+def test_watch_json_prints_one_object_with_each_rank_at_the_end() -> None:
+    with watched_node() as (target, publishers), feeding(publishers, interval=0.02):
+        result = subprocess.run(
+            [*CLI, "probe", target, "--watch", "4", "--json"],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=WATCH_DEADLINE,
+            env=cli_environ(),
+            check=False,
+        )
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)  # one object, and no view drawn around it
+    assert report["ok"] is True and report["targets"] == [target]
+    assert 4 <= report["seconds"] < WATCH_DEADLINE
+    (node,) = report["nodes"]
+    assert node["node_rank"] == 1 and node["health"] == "SERVING" and node["error"] is None
+    assert [rank["dp_rank"] for rank in node["ranks"]] == [2, 3]
+    for rank in node["ranks"]:
+        assert rank["events"] > 0 and rank["last_seq"] >= 0 and rank["gaps"] == 0

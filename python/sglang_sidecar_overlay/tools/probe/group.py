@@ -25,10 +25,9 @@ import dataclasses
 import socket
 from collections.abc import Callable, Sequence
 from concurrent import futures
-from typing import Any
+from typing import Any, TextIO
 
 from sglang_sidecar_overlay.contract.values import is_int
-from sglang_sidecar_overlay.tools.exit_codes import EXIT_OK, EXIT_PROBLEM, EXIT_UNREACHABLE
 from sglang_sidecar_overlay.tools.probe.consumers import (
     Verdict,
     consumer_findings,
@@ -40,19 +39,20 @@ from sglang_sidecar_overlay.tools.probe.report import (
     OK,
     WARNING,
     Finding,
+    FindingsReport,
     ProbeError,
     ProbeReport,
-    consumers_json,
-    count_level,
-    passes,
+    finding_lines,
 )
 from sglang_sidecar_overlay.tools.probe.rpc import DEFAULT_TIMEOUT, parse_target
+from sglang_sidecar_overlay.tools.report import print_lines, verdict_line
 
 __all__ = [
     "GroupReport",
     "check_group",
     "expected_node_rank",
     "is_local_host",
+    "node_lines",
     "run_group_probe",
     "target_is_local",
 ]
@@ -82,7 +82,7 @@ def is_local_host(host: str) -> bool:
 
 
 @dataclasses.dataclass
-class GroupReport:
+class GroupReport(FindingsReport):
     """Every node's probe report plus the group-level findings."""
 
     targets: list[str]
@@ -98,19 +98,15 @@ class GroupReport:
     consumers: list[Verdict] = dataclasses.field(default_factory=list)
     consumers_selected: list[str] = dataclasses.field(default_factory=list)
 
-    def count(self, level: str) -> int:
-        return count_level(self.findings, level)
-
     @property
     def ok(self) -> bool:
         """Every node passed its own probe and the group's findings pass."""
-        return all(node.ok for node in self.nodes) and passes(self.findings, strict=self.strict)
+        return all(node.ok for node in self.nodes) and self.findings_pass
 
-    def exit_code(self) -> int:
-        """0 all good; 1 a problem (a node down counts); 3 no node could be probed at all."""
-        if self.nodes and all(node.error is not None for node in self.nodes):
-            return EXIT_UNREACHABLE
-        return EXIT_OK if self.ok else EXIT_PROBLEM
+    @property
+    def unreachable(self) -> bool:
+        """No node could be probed at all (exit 3; some nodes down is exit 1)."""
+        return bool(self.nodes) and all(node.error is not None for node in self.nodes)
 
     def to_json(self) -> dict[str, Any]:
         """The stable ``probe --group --json`` object (documented in the operator guide)."""
@@ -123,13 +119,51 @@ class GroupReport:
                 str(rank): [{"node_rank": node, "target": target} for node, target in owners]
                 for rank, owners in sorted(self.owners.items())
             },
-            "checks": [finding.to_json() for finding in self.findings],
-            "errors": self.count(ERROR),
-            "warnings": self.count(WARNING),
-            "consumers": consumers_json(self.consumers),
-            "consumers_selected": self.consumers_selected,
+            **self.findings_json(),
             "nodes": [node.to_json() for node in self.nodes],
         }
+
+    def render(self, out: TextIO) -> None:
+        """A line per node, each node's problems, the group's lines, then the verdict."""
+        print(f"probe --group: {len(self.targets)} node(s)", file=out)
+        for line in node_lines(self):
+            print(line, file=out)
+        for node in self.nodes:
+            bad = [f for f in node.findings if f.level in (ERROR, WARNING)]
+            if bad:
+                print(f"  {node.target}:", file=out)
+                print_lines(finding_lines(bad), out, "      ")
+        print("group:", file=out)
+        print_lines(finding_lines(self.findings), out)
+        errors = self.count(ERROR) + sum(node.count(ERROR) for node in self.nodes)
+        warnings = self.count(WARNING) + sum(node.count(WARNING) for node in self.nodes)
+        print(verdict_line(self.ok, errors, warnings), file=out)
+
+
+def node_lines(report: GroupReport) -> list[str]:
+    """One line per node: node_rank, address, its ranks, health, launch."""
+    lines = []
+    for node in sorted(
+        report.nodes, key=lambda n: repr((n.server_info or {}).get("node_rank", n.target))
+    ):
+        if node.error is not None:
+            lines.append(f"  {node.target}: not probed ({node.error.kind})")
+            continue
+        info = node.server_info or {}
+        sources = info.get("kv_event_sources")
+        ranks = (
+            ",".join(str(s.get("dp_rank")) for s in sources if isinstance(s, dict))
+            if isinstance(sources, list)
+            else "?"
+        )
+        launch = info.get("incarnation")
+        launch_id = launch.get("id") if isinstance(launch, dict) else None
+        health = node.health.get("status") if node.health else None
+        lines.append(
+            f"  node_rank {info.get('node_rank')}  {node.target}  ranks {ranks or 'none'}  "
+            f"health {health}  launch {str(launch_id)[:12]}"
+        )
+    return lines
 
 
 def run_group_probe(

@@ -5,16 +5,18 @@ an expected failure to probe at all (closed port, timeout, not SGLang), one line
 finding names the field it is about by its JSON location, a tuple of keys and indices like
 jsonschema's ``absolute_path`` (``("kv_event_sources", 0, "dp_rank")``), written out as
 ``kv_event_sources[0].dp_rank`` (``field_path``). ``CheckFindings`` builds one check's findings
-and derives its OK line.
+and derives its OK line. ``FindingsReport`` is what a node's report and a group's share: the
+findings' verdict, counts and JSON, on top of the tools' one :class:`Report`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import sys
 from collections.abc import Iterable, Sequence
-from typing import Any, TypedDict
+from typing import Any, TextIO, TypedDict
 
-from sglang_sidecar_overlay.tools.exit_codes import EXIT_OK, EXIT_PROBLEM, EXIT_UNREACHABLE
+from sglang_sidecar_overlay.tools.report import Line, Report, print_lines, verdict_line
 
 __all__ = [
     "ERROR",
@@ -23,6 +25,7 @@ __all__ = [
     "WARNING",
     "CheckFindings",
     "Finding",
+    "FindingsReport",
     "Health",
     "Location",
     "ProbeError",
@@ -31,6 +34,7 @@ __all__ = [
     "consumers_json",
     "count_level",
     "field_path",
+    "finding_lines",
     "passes",
 ]
 
@@ -89,6 +93,13 @@ def consumers_json(verdicts: Iterable[Verdict]) -> dict[str, Any]:
 
 def count_level(findings: Iterable[Finding], level: str) -> int:
     return sum(1 for finding in findings if finding.level == level)
+
+
+def finding_lines(findings: Iterable[Finding]) -> list[Line]:
+    """The human lines of ``findings``, each labelled by its field (else its check)."""
+    return [
+        (finding.level, finding.field or finding.check, finding.message) for finding in findings
+    ]
 
 
 def passes(findings: Sequence[Finding], *, strict: bool) -> bool:
@@ -229,8 +240,39 @@ class RankTraffic:
         }
 
 
+class FindingsReport(Report):
+    """A report judged by its findings: a node's probe, or a group's.
+
+    Subclasses are dataclasses with ``strict``, ``findings``, ``consumers`` and
+    ``consumers_selected`` fields.
+    """
+
+    strict: bool
+    findings: list[Finding]
+    consumers: list[Verdict]
+    consumers_selected: list[str]
+
+    def count(self, level: str) -> int:
+        return count_level(self.findings, level)
+
+    @property
+    def findings_pass(self) -> bool:
+        """No error among the findings, and no warning either when ``strict``."""
+        return passes(self.findings, strict=self.strict)
+
+    def findings_json(self) -> dict[str, Any]:
+        """The keys both ``--json`` objects share, in their documented order."""
+        return {
+            "checks": [finding.to_json() for finding in self.findings],
+            "errors": self.count(ERROR),
+            "warnings": self.count(WARNING),
+            "consumers": consumers_json(self.consumers),
+            "consumers_selected": self.consumers_selected,
+        }
+
+
 @dataclasses.dataclass
-class ProbeReport:
+class ProbeReport(FindingsReport):
     """Everything ``probe`` learned about one node."""
 
     target: str
@@ -246,19 +288,15 @@ class ProbeReport:
     consumers: list[Verdict] = dataclasses.field(default_factory=list)
     consumers_selected: list[str] = dataclasses.field(default_factory=list)
 
-    def count(self, level: str) -> int:
-        return count_level(self.findings, level)
-
     @property
     def ok(self) -> bool:
         """Nothing wrong: probed, no error, and no warning either when ``strict``."""
-        return self.error is None and passes(self.findings, strict=self.strict)
+        return self.error is None and self.findings_pass
 
-    def exit_code(self) -> int:
-        """0 all good, 1 the node answered but something is wrong, 3 it could not be probed."""
-        if self.error is not None:
-            return EXIT_UNREACHABLE
-        return EXIT_OK if self.ok else EXIT_PROBLEM
+    @property
+    def unreachable(self) -> bool:
+        """The node could not be probed at all (exit 3)."""
+        return self.error is not None
 
     def to_json(self) -> dict[str, Any]:
         """The stable ``probe --json`` object (documented in the operator guide)."""
@@ -273,11 +311,7 @@ class ProbeReport:
             ),
             "server_info": self._summary(),
             "health": self.health,
-            "checks": [finding.to_json() for finding in self.findings],
-            "errors": self.count(ERROR),
-            "warnings": self.count(WARNING),
-            "consumers": consumers_json(self.consumers),
-            "consumers_selected": self.consumers_selected,
+            **self.findings_json(),
             "listen": (
                 None
                 if self.listen_seconds is None
@@ -287,6 +321,20 @@ class ProbeReport:
                 }
             ),
         }
+
+    def render(self, out: TextIO) -> None:
+        """A line per finding and the verdict; a node that could not be probed: one stderr line."""
+        if self.error is not None:
+            print(f"probe: {self.error.message}", file=sys.stderr)
+            return
+        print(
+            f"probe {self.target}: GetServerInfo answered ({self.server_info_bytes} bytes)",
+            file=out,
+        )
+        print_lines(finding_lines(self.findings), out)
+        warnings = self.count(WARNING)
+        strict = " --strict" if self.strict and warnings else ""
+        print(verdict_line(self.ok, self.count(ERROR), warnings) + strict, file=out)
 
     def _summary(self) -> dict[str, Any] | None:
         if self.server_info is None:

@@ -5,7 +5,9 @@ Every node's server info and health are re-read every ``refresh`` seconds (a new
 is counted); every advertised publisher stays subscribed, with a replay request from seq 0
 when it has a replay endpoint, exactly as a router would. Every ``interval`` seconds the view
 is drawn: on a terminal a compact table redrawn in place, otherwise one line per rank (for
-logs and pipes). Ctrl-C or SIGTERM stops cleanly; ``duration`` bounds the run.
+logs and pipes). Ctrl-C or SIGTERM stops cleanly; ``duration`` bounds the run. Without an
+output stream nothing is drawn; either way the run returns a ``WatchReport`` whose JSON holds
+every rank's figures as they stood at the end (``probe --watch SECONDS --json``).
 
 SIGINT keeps the disposition the watch inherited: whoever started it with SIGINT ignored (a
 shell's background job, a CI wrapper) did so that a terminal's Ctrl-C reaches the foreground
@@ -32,8 +34,9 @@ from sglang_sidecar_overlay.tools.probe.rpc import (
     parse_target,
     read_health,
 )
+from sglang_sidecar_overlay.tools.report import Report
 
-__all__ = ["NodeView", "run_watch"]
+__all__ = ["NodeView", "WatchReport", "run_watch"]
 
 _HOME_CLEAR = "\x1b[H\x1b[J"
 _HIDE_CURSOR = "\x1b[?25l"
@@ -120,6 +123,30 @@ class NodeView:
             if before is not None and now > before[1]:
                 self.rates[item.index] = (events - before[0]) / (now - before[1])
             self._counted[item.index] = (events, now)
+
+    def to_json(self) -> dict[str, Any]:
+        """What the view shows for this node now, one entry per rank (its columns)."""
+        return {
+            "target": self.target,
+            "node_rank": self.node_rank,
+            "launch": self.incarnation,
+            "relaunches": self.relaunches,
+            "health": self.health if self.error is None else "DOWN",
+            "error": self.error,
+            "ranks": [
+                {
+                    "dp_rank": item.dp_rank,
+                    "events": item.events,
+                    "events_per_s": self.rates.get(item.index),
+                    "last_seq": item.highest_seq,
+                    "gaps": item.seq_gaps,
+                    "resets": item.seq_resets + self.relaunches,
+                    "replayed": item.replay_batches,
+                    "beyond_replay_horizon": item.beyond_replay_horizon,
+                }
+                for item in self.traffic
+            ],
+        }
 
     def close(self) -> None:
         if self.subscriptions is not None:
@@ -213,10 +240,39 @@ def render_lines(nodes: Sequence[NodeView], now: float | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _draw(nodes: Sequence[NodeView], out: TextIO, in_place: bool, now: float) -> None:
-    """One frame: redrawn in place on a terminal, appended as lines otherwise."""
+@dataclasses.dataclass
+class WatchReport(Report):
+    """A finished watch: every node as the view last showed it. The watch observes, never
+    judges: a clean stop is ok (exit 0), whatever the nodes did."""
+
+    targets: list[str]
+    seconds: float
+    nodes: list[dict[str, Any]]
+
+    @property
+    def ok(self) -> bool:
+        return True
+
+    def to_json(self) -> dict[str, Any]:
+        """The stable ``probe --watch --json`` object (documented in the operator guide)."""
+        return {
+            "targets": self.targets,
+            "ok": self.ok,
+            "seconds": self.seconds,
+            "nodes": self.nodes,
+        }
+
+    def render(self, out: TextIO) -> None:
+        """Nothing more: the live view was drawn while the watch ran."""
+
+
+def _draw(nodes: Sequence[NodeView], out: TextIO | None, in_place: bool, now: float) -> None:
+    """One frame: redrawn in place on a terminal, appended as lines otherwise, or (no ``out``)
+    only the rates brought up to date."""
     for node in nodes:
         node.update_rates(now)
+    if out is None:
+        return
     view = render_table(nodes) if in_place else render_lines(nodes)
     out.write((_HOME_CLEAR + view) if in_place else view)
     out.flush()
@@ -256,7 +312,7 @@ def _sigterm_stops() -> Iterator[None]:
 
 def _watch_loop(
     nodes: Sequence[NodeView],
-    out: TextIO,
+    out: TextIO | None,
     in_place: bool,
     duration: float | None,
     interval: float,
@@ -285,20 +341,22 @@ def _watch_loop(
 
 def run_watch(
     targets: Sequence[str],
-    out: TextIO,
+    out: TextIO | None,
     *,
     duration: float | None = None,
     interval: float = 1.0,
     refresh: float = 2.0,
     timeout: float = 2.0,
     tty: bool | None = None,
-) -> int:
-    """Watch until ``duration`` passes, Ctrl-C or SIGTERM (clean stops too); returns 0."""
+) -> WatchReport:
+    """Watch until ``duration`` passes, Ctrl-C or SIGTERM (clean stops too); the view is drawn
+    on ``out`` (None: not drawn), and the report holds the last figures."""
     from sglang_sidecar_overlay.tools.probe.group import target_is_local
 
-    in_place = out.isatty() if tty is None else tty
+    in_place = out is not None and (out.isatty() if tty is None else tty)
     nodes = [NodeView(target, dial_endpoints=target_is_local(target)) for target in targets]
-    if in_place:
+    start = time.monotonic()
+    if out is not None and in_place:
         out.write(_HIDE_CURSOR)
     try:
         with _sigterm_stops():
@@ -306,9 +364,13 @@ def run_watch(
     except (KeyboardInterrupt, _Stopped):
         pass
     finally:
+        report = WatchReport(
+            list(targets), round(time.monotonic() - start, 3), [node.to_json() for node in nodes]
+        )
         for node in nodes:
             node.close()
-        if in_place:
-            out.write(_SHOW_CURSOR)
-        out.flush()
-    return 0
+        if out is not None:
+            if in_place:
+                out.write(_SHOW_CURSOR)
+            out.flush()
+    return report

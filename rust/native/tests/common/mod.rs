@@ -18,6 +18,8 @@ use tonic::transport::{Channel, Endpoint};
 use _native::GET_SERVER_INFO_PATH;
 use _native::server::MetadataServer;
 
+pub mod h2;
+
 /// The generated SglangService client and its messages: built for these tests only (the
 /// module itself never calls the service).
 pub mod client {
