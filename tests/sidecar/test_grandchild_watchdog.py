@@ -174,6 +174,27 @@ def test_stop_ends_the_thread_and_closes_its_descriptors(parent, watch):
     assert not crashes.told
 
 
+def test_a_stop_after_the_thread_ended_writes_to_no_reused_descriptor(watch):
+    watchdog, _crashes = watch([2**22 + 1])  # no parent: the thread ends at once
+    assert watchdog._thread is not None
+    watchdog._thread.join(DEADLINE)
+    read_end, write_end = os.pipe()  # likely the numbers the watchdog's pipe had
+    try:
+        watchdog.stop()
+        os.set_blocking(read_end, False)
+        with pytest.raises(BlockingIOError):
+            os.read(read_end, 1)
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+
+
+def test_a_watchdog_stopped_before_it_started_closes_its_pipe():
+    before = set(os.listdir("/proc/self/fd"))
+    GrandchildWatchdog([os.getpid()], lambda pid: True, Crashes()).stop()
+    assert set(os.listdir("/proc/self/fd")) <= before
+
+
 def test_a_parent_already_gone_is_skipped(watch):
     watchdog, crashes = watch([2**22 + 1])  # above pid_max's default: no such process
     assert watchdog._thread is not None

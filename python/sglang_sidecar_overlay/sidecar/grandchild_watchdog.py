@@ -77,6 +77,9 @@ class GrandchildWatchdog:
         self._parent_fds: dict[int, int] = {}
         self._child_fds: dict[int, tuple[int, int, str]] = {}  # fd -> (child, parent, title)
         self._thread: threading.Thread | None = None
+        # Held while the wake pipe is written or closed: a stop() after the thread ended must
+        # not write to a descriptor number the process has since reused.
+        self._wake_lock = threading.Lock()
         self.crashed: int | None = None
 
     def start(self) -> None:
@@ -91,9 +94,12 @@ class GrandchildWatchdog:
 
     def stop(self) -> None:
         """Stop watching (the thread ends and closes its descriptors). Idempotent."""
-        with contextlib.suppress(OSError):
-            os.write(self._wake_w, b"x")
-        if self._thread is not None and self._thread is not threading.current_thread():
+        with self._wake_lock:
+            if self._wake_w >= 0:
+                os.write(self._wake_w, b"x")
+        if self._thread is None:
+            self._close_descriptors()  # never started: no thread will close them
+        elif self._thread is not threading.current_thread():
             self._thread.join(timeout=self.rescan + 1.0)
 
     def _run(self) -> None:
@@ -110,9 +116,19 @@ class GrandchildWatchdog:
                     if self._crashed(*self._child_fds.pop(fd)):
                         return
         finally:
-            for fd in [*self._child_fds, *self._parent_fds.values(), self._wake_r, self._wake_w]:
-                with contextlib.suppress(OSError):
-                    os.close(fd)
+            self._close_descriptors()
+
+    def _close_descriptors(self) -> None:
+        if self._wake_r < 0:
+            return
+        for fd in [*self._child_fds, *self._parent_fds.values()]:
+            os.close(fd)
+        self._child_fds.clear()
+        self._parent_fds.clear()
+        with self._wake_lock:
+            os.close(self._wake_r)
+            os.close(self._wake_w)
+            self._wake_r = self._wake_w = -1
 
     def _live_parents(self) -> list[int]:
         """The parents still running (a parent's pidfd turns readable when it exits)."""
