@@ -104,8 +104,8 @@ class GrandchildWatchdog:
 
     def _run(self) -> None:
         try:
-            while self._live_parents():
-                self._adopt_new_children()
+            while live := self._live_parents():
+                self._adopt_new_children(live)
                 ready = multiprocessing.connection.wait(
                     [self._wake_r, *self._child_fds], timeout=self.rescan
                 )
@@ -135,9 +135,9 @@ class GrandchildWatchdog:
         exited = multiprocessing.connection.wait(list(self._parent_fds.values()), timeout=0)
         return [parent for parent, fd in self._parent_fds.items() if fd not in exited]
 
-    def _adopt_new_children(self) -> None:
+    def _adopt_new_children(self, parents: list[int]) -> None:
         watched = {child for child, _, _ in self._child_fds.values()}
-        for parent in self._live_parents():
+        for parent in parents:
             for child in children(parent):
                 if child in watched or not self.picked(child):
                     continue
