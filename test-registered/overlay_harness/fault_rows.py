@@ -365,6 +365,11 @@ def group_stopped(deployment: Deployment, column: str, grace: float = GRACE,
         order = stop_order(node)
         cell.notes.append(f"{node.name}: {order}")
         cell.expect(order == STOPPED_FIRST, f"{node.name}: {order}")
+        if column == "overlay" and node.node_rank > 0:
+            # The follower's own SIGTERM, not only its leader's drain, stops its server first
+            # (0.5.23 installs a SIGTERM handler after the server started).
+            chained = FOLLOWER_SIGTERM_CHAINED in node.log_text()
+            cell.expect(chained, f"{node.name}: its SIGTERM did not stop its server first")
     cell.expect(gone is not None, f"processes left after {grace:.0f} s: {cell.left}")
     cell.expect(set(codes.values()) <= STOP_EXIT_CODES, f"exit codes {codes}")
     cell.expect(cell.hung == 0, f"{cell.hung} hung")
@@ -379,6 +384,7 @@ SIDECAR_TOLD = "sending SIGTERM to sidecar"
 DYNAMO_SIGTERM = "dynamo_sidecar_common::run: SIGTERM received"
 DYNAMO_RAN = "dynamo_sglang_sidecar"  # the target of every line Dynamo's sidecar logs
 SGLANG_KILLS_TREE = "kill_process_tree called"
+FOLLOWER_SIGTERM_CHAINED = "SIGTERM on this follower node: stopping its metadata server"
 STOPPED_FIRST = "sidecar told and stopped first"
 SIDECAR_STOPPED = re.compile(rf"(leader|follower) sidecar {re.escape(dynamo.DYNAMO)} pid=")
 SERVER_STOPPED = re.compile(

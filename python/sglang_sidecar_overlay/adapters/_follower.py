@@ -7,7 +7,8 @@ the node's server info from the builder, served by ``server.follower`` on
 here once the server is SERVING, and put first on the server's stop path).
 :func:`failing_on_scheduler_crash` replaces the follower branch's wait on its schedulers, so a
 crashed scheduler fails the node instead of letting it exit 0; :func:`stop_server_before_signals`
-puts the server's stop ahead of SGLang's SIGQUIT crash path and of an orchestrator's SIGTERM.
+puts the server's stop ahead of SGLang's SIGQUIT crash path and of an orchestrator's SIGTERM,
+and the wait puts it back in front of a handler SGLang installed after it.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ def start_node_follower(
     if launch.sidecar is not None:
         _with_follower_sidecar(server, launch, info.get("kv_event_sources") or [])
     stop_server_before_signals(server)
+    launch.follower_server = server
     return server
 
 
@@ -83,13 +85,19 @@ def stop_server_before_signals(server: FollowerMetadataServer) -> None:
     NOT_SERVING and the sidecar would outlive its server or get no SIGTERM, so a consumer such
     as Dynamo's stays registered for ranks that are gone. Chained once the server is SERVING:
     NOT_SERVING and the sidecar's bounded stop (``server.stop()``), then the handler it
-    replaced. Signal handlers can only be set from the main thread; elsewhere SGLang's are left
-    as they are.
+    replaced. Idempotent: a handler installed since (0.5.23's follower installs a SIGTERM
+    handler that waits for the leader's shutdown broadcast after the server started) is
+    chained behind the server's stop again. Signal handlers can only be set from the main
+    thread; elsewhere SGLang's are left as they are.
     """
     if threading.current_thread() is not threading.main_thread():
         return
-    for signum in (signal.SIGQUIT, signal.SIGTERM):
-        _stop_server_before(server, signal.Signals(signum))
+    for signum in STOP_SIGNALS:
+        if getattr(signal.getsignal(signum), "stops_first", None) is not server:
+            _stop_server_before(server, signum)
+
+
+STOP_SIGNALS = (signal.SIGQUIT, signal.SIGTERM)
 
 
 def _stop_server_before(server: FollowerMetadataServer, signum: signal.Signals) -> None:
@@ -98,12 +106,12 @@ def _stop_server_before(server: FollowerMetadataServer, signum: signal.Signals) 
     level = logging.ERROR if signum == signal.SIGQUIT else logging.INFO
 
     def stop_then_forward(received: int, frame: Any) -> None:
+        # No SGLang call here: a signal handler only stops and forwards.
         logger.log(
             level,
-            "%s on follower node %s: stopping the follower metadata server at %s (its "
-            "sidecar first) before SGLang takes the node down",
+            "%s on this follower node: stopping its metadata server at %s (its sidecar "
+            "first) before SGLang's handler",
             signum.name,
-            _sglang.node_rank(),
             server.address,
         )
         server.stop()
@@ -113,6 +121,7 @@ def _stop_server_before(server: FollowerMetadataServer, signum: signal.Signals) 
         else:  # the default action (or ignore), as if this handler had never been there
             os.kill(os.getpid(), signum)
 
+    stop_then_forward.stops_first = server  # type: ignore[attr-defined]
     signal.signal(signum, stop_then_forward)
 
 
@@ -123,8 +132,9 @@ def exit_description(exitcode: int) -> str:
     return f"signal {proctree.signal_name(-exitcode) or -exitcode}"
 
 
-def failing_on_scheduler_crash(block: Callable[[], None], procs: Any) -> Callable[[], None]:
-    """``block_until_scheduler_exits`` of a follower node that fails when a scheduler crashed.
+def failing_on_scheduler_crash(block: Callable[[], None], launch: NodeLaunch) -> Callable[[], None]:
+    """``block_until_scheduler_exits`` of a follower node that fails when a scheduler crashed,
+    with the node's metadata server stopped first on SIGQUIT and SIGTERM while it waits.
 
     SGLang's follower branch joins its scheduler processes in order, logs each exit and
     returns, so ``launch_server`` returns and the node exits 0 even when a scheduler was
@@ -135,7 +145,12 @@ def failing_on_scheduler_crash(block: Callable[[], None], procs: Any) -> Callabl
     runs as before.
     """
 
+    procs = launch.procs
+
     def block_then_check() -> None:
+        if launch.follower_server is not None:
+            # SGLang may have replaced the handlers since the server started (0.5.23 does).
+            stop_server_before_signals(launch.follower_server)
         crashed = _first_crash(list(procs or []))
         if crashed is None:
             block()

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 if TYPE_CHECKING:
     from sglang_sidecar_overlay.contract.incarnation import Incarnation
+    from sglang_sidecar_overlay.server.follower import FollowerMetadataServer
     from sglang_sidecar_overlay.sidecar.supervisor import SidecarOptions
 
 
@@ -109,6 +110,7 @@ class NodeLaunch:
         self.sidecars = RunningSidecars()
         self.init_result: Any = None
         self.procs: list[Any] = []
+        self.follower_server: FollowerMetadataServer | None = None  # a follower's, once started
 
     def record_schedulers(self, init_result: Any, procs: Any) -> None:
         """What SGLang's scheduler launch returned: its ready handle and its processes."""

@@ -118,7 +118,7 @@ def _block_then_stop(launch: NodeLaunch) -> Callable[[], None]:
         from sglang_sidecar_overlay.adapters import _follower
 
         try:
-            _follower.failing_on_scheduler_crash(block_until_exit, launch.procs)()
+            _follower.failing_on_scheduler_crash(block_until_exit, launch)()
         finally:
             stop_follower(launch.init_result)
 

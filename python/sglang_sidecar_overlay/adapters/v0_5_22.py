@@ -97,7 +97,7 @@ def after_spawn(launch: NodeLaunch, server_args: Any, channel: Any) -> None:
 
     init_result = launch.init_result
     init_result.block_until_scheduler_exits = _follower.failing_on_scheduler_crash(
-        init_result.block_until_scheduler_exits, launch.procs
+        init_result.block_until_scheduler_exits, launch
     )
 
 
