@@ -40,6 +40,7 @@ def launch_targets(deployment: Deployment, column: str) -> list[seed_checks.Targ
     knows once the frontend serves."""
     if column != "stock":
         return seed_checks.registered_targets(deployment.router, deployment.targets)
+    deployment.frontend.wait_for_model()
     seed_checks.first_served(deployment.frontend)
     return sorted(deployment.router.target_scores(kv_events.prompt()), key=lambda t: (t[1], t[0]))
 
