@@ -52,7 +52,7 @@ FAULTS = {
     "started again (deployment 2)",
     "f": "f. SIGTERM to every node with requests in flight, SIGKILL after 30 s (deployment 2)",
     "g": "g. Dynamo's standalone router (a KV-event subscriber off the request path) "
-    "SIGSTOPped for 3 s, then for 10 s, each time resumed (deployment 1)",
+    "SIGSTOPped for 3 s, then three times for 10 s, each time resumed (deployment 1)",
     "h": "h. a decode engine SIGKILLed with KV transfers in flight, then relaunched; the "
     "frontend's `--migration-limit 3` (deployment 3)",
 }
