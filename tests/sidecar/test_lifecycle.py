@@ -7,6 +7,7 @@ chaining, and parent death (a real parent process SIGKILLed). Helper parents run
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import logging
@@ -400,7 +401,10 @@ def _run_shim(parent_pid: int, spec: dict | None, popens: list) -> tuple[subproc
     popens.append(proc)
     os.close(control_r)
     if spec is not None:
-        os.write(control_w, json.dumps(spec).encode() + b"\n")
+        # A shim that finds its parent gone exits before reading its spec: the write then
+        # meets a closed pipe, and the caller judges the shim by its exit, not by the write.
+        with contextlib.suppress(BrokenPipeError):
+            os.write(control_w, json.dumps(spec).encode() + b"\n")
     return proc, control_w
 
 
