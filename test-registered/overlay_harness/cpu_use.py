@@ -11,10 +11,9 @@ from sglang_sidecar_overlay.sidecar import proctree
 
 from overlay_harness import nodes
 from overlay_harness.deployments import Deployment
+from overlay_harness.fault_rows import SCHEDULER_COMM
 
 TICKS = os.sysconf("SC_CLK_TCK")
-# SGLang's scheduler processes set this title (``/proc/PID/comm`` keeps 15 bytes of it).
-SCHEDULER_COMM = b"sglang::schedul"
 MACHINE = "the whole machine"
 
 
